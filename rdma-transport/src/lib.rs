@@ -1,1 +1,3 @@
-//! RDMA transport
+//! RDMA transport (work in progress)
+#![deny(clippy::undocumented_unsafe_blocks)]
+pub mod engine;

@@ -1,0 +1,676 @@
+//! Sans-IO protocol engine: credits, receive ring, send ring with selective
+//! signalling, rendezvous chunking and validation. No verbs calls happen here:
+//! the engine consumes completions and returns [`Action`]s naming buffers by
+//! slot index; the driver (or a test simulator) executes them.
+//!
+//! Section numbers (§) refer to `docs/wire-protocol-rdma.md`.
+
+pub mod wire;
+
+use std::collections::VecDeque;
+
+use bytes::{Bytes, BytesMut};
+
+use self::wire::{Header, Hello, Kind, FLAG_LAST, HDR_LEN};
+
+/// Access to the registered memory the engine reads and writes (copies only).
+pub trait Buffers {
+    /// Receive slot `i` (full slot).
+    fn recv_slot(&self, i: u32) -> &[u8];
+    /// Send slot `i` (full slot), written before a SEND is posted from it.
+    fn send_slot(&mut self, i: u32) -> &mut [u8];
+    /// Our advertised rendezvous buffer `i` (the peer RDMA-writes into it).
+    fn rdv_buf(&self, i: u32) -> &[u8];
+    /// Local staging buffer `i`, source of RDMA WRITEs.
+    fn staging(&mut self, i: u32) -> &mut [u8];
+}
+
+/// wr_id kind tag for receive work requests (§7).
+pub const WR_RECV: u64 = 1;
+/// wr_id kind tag for send-queue work requests (§7).
+pub const WR_SQ: u64 = 2;
+
+/// Encodes a receive wr_id: kind | generation | slot (§7).
+pub fn recv_wr_id(slot: u32, gen: u32) -> u64 {
+    (WR_RECV << 56) | (((gen & 0xff_ffff) as u64) << 32) | slot as u64
+}
+
+/// Encodes a send-queue wr_id: kind | sequence number (§7).
+pub fn sq_wr_id(seq: u64) -> u64 {
+    (WR_SQ << 56) | (seq & ((1 << 56) - 1))
+}
+
+/// Work the driver must post, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Post a receive of the whole receive slot.
+    PostRecv {
+        /// Receive slot index.
+        slot: u32,
+        /// Work request id.
+        wr_id: u64,
+    },
+    /// Post a SEND of `len` bytes from send slot `slot`.
+    PostSend {
+        /// Send slot index.
+        slot: u32,
+        /// Bytes (header included).
+        len: usize,
+        /// Work request id.
+        wr_id: u64,
+        /// Request a completion.
+        signaled: bool,
+        /// Use IBV_SEND_INLINE.
+        inline: bool,
+    },
+    /// RDMA WRITE `len` bytes of staging buffer `staging` to (`remote_addr`, `rkey`).
+    PostWrite {
+        /// Staging buffer index.
+        staging: u32,
+        /// Bytes.
+        len: usize,
+        /// Peer virtual address.
+        remote_addr: u64,
+        /// Peer rkey.
+        rkey: u32,
+        /// Work request id.
+        wr_id: u64,
+        /// Request a completion.
+        signaled: bool,
+    },
+}
+
+/// Something the engine tells the application side.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A complete message, already copied out of registered memory.
+    Message(Bytes),
+    /// The peer closed its sending direction (§6).
+    PeerClosed,
+}
+
+/// A completion as the engine sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Completion {
+    /// wr_id of the work request.
+    pub wr_id: u64,
+    /// Whether the status was IBV_WC_SUCCESS.
+    pub ok: bool,
+    /// Raw status (for error messages).
+    pub status: u32,
+    /// Bytes received (receives only).
+    pub byte_len: u32,
+}
+
+/// Engine failures: both are fatal for the connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// The peer violated the protocol.
+    Protocol(String),
+    /// A work completion failed.
+    Completion {
+        /// Raw ibv_wc_status.
+        status: u32,
+        /// Whether it was a receive.
+        recv: bool,
+    },
+}
+
+/// Static parameters of one connection (local config + the peer's [`Hello`]).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Number of local receive slots.
+    pub recv_slots: u32,
+    /// Bytes per local receive slot.
+    pub recv_slot_bytes: usize,
+    /// Number of local send slots.
+    pub send_slots: u32,
+    /// Bytes per local send slot.
+    pub send_slot_bytes: usize,
+    /// Payloads up to this size go eager (further capped by slot sizes).
+    pub rendezvous_threshold: usize,
+    /// Our rendezvous region: buffer count.
+    pub rdv_count: u32,
+    /// Our rendezvous region: bytes per buffer.
+    pub rdv_bytes: usize,
+    /// Our rendezvous region: address of buffer 0.
+    pub rdv_addr: u64,
+    /// Number of local staging buffers.
+    pub staging_count: u32,
+    /// Bytes per staging buffer.
+    pub staging_bytes: usize,
+    /// Largest message we accept.
+    pub max_message: usize,
+    /// Signal at least every k-th send-queue work request.
+    pub signal_every: u32,
+    /// Device max_inline_data for this QP.
+    pub max_inline: usize,
+    /// The peer's hello.
+    pub peer: Hello,
+}
+
+impl EngineConfig {
+    /// Largest payload sent eagerly on this connection (§4.1).
+    pub fn eager_max(&self) -> usize {
+        let slot = self.send_slot_bytes.min(self.peer.recv_slot_bytes as usize);
+        self.rendezvous_threshold.min(slot - HDR_LEN)
+    }
+    /// Rendezvous chunk size (§5.2).
+    pub fn chunk_bytes(&self) -> usize {
+        self.staging_bytes.min(self.peer.rdv_bytes as usize)
+    }
+    /// Send-queue depth the QP needs.
+    pub fn sq_depth(&self) -> u32 {
+        self.send_slots + self.staging_count + 1
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Held {
+    Slot(u32),
+    Staging(u32),
+}
+
+enum Outgoing {
+    Msg { data: Bytes, off: usize },
+    Close,
+}
+
+struct Reassembly {
+    buf: BytesMut,
+    total: usize,
+}
+
+/// Counters the engine maintains; the driver copies them into stats.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct EngineCounters {
+    /// Messages submitted and fully handed to the NIC.
+    pub msgs_sent: u64,
+    /// Messages delivered.
+    pub msgs_recv: u64,
+    /// Eager SENDs.
+    pub eager_sends: u64,
+    /// Inline SENDs.
+    pub inline_sends: u64,
+    /// RDMA WRITEs posted.
+    pub rdv_writes: u64,
+    /// Bytes RDMA-written.
+    pub rdv_bytes: u64,
+    /// Explicit credit messages sent.
+    pub credit_msgs: u64,
+    /// Payload bytes sent.
+    pub bytes_sent: u64,
+    /// Payload bytes received.
+    pub bytes_recv: u64,
+}
+
+/// The per-connection protocol state machine.
+pub struct Engine {
+    cfg: EngineConfig,
+    eager_max: usize,
+    chunk: usize,
+    // --- send side (§4.2, §5.2, §7) ---
+    credits: u32,
+    free_send: VecDeque<u32>,
+    free_staging: VecDeque<u32>,
+    records: VecDeque<(u64, Option<Held>)>,
+    next_seq: u64,
+    unsignaled_run: u32,
+    peer_rdv_next: u32,
+    peer_rdv_avail: u32,
+    pending: VecDeque<Outgoing>,
+    pending_bytes: usize,
+    close_sent: bool,
+    // --- receive side (§4.3, §5.3) ---
+    recv_gen: Vec<u32>,
+    owed_total: u32,
+    owed_data: u32,
+    rdv_owed: u32,
+    rdv_expected: u32,
+    rdv_peer_held: u32,
+    reasm: Option<Reassembly>,
+    peer_closed: bool,
+    // --- outputs ---
+    actions: Vec<Action>,
+    events: VecDeque<Event>,
+    /// Counters.
+    pub counters: EngineCounters,
+}
+
+impl Engine {
+    /// Creates the engine and queues the initial receive posts (§4.1).
+    pub fn new(cfg: EngineConfig) -> Engine {
+        let eager_max = cfg.eager_max();
+        let chunk = cfg.chunk_bytes();
+        let mut e = Engine {
+            eager_max,
+            chunk,
+            credits: cfg.peer.credits,
+            free_send: (0..cfg.send_slots).collect(),
+            free_staging: (0..cfg.staging_count).collect(),
+            records: VecDeque::new(),
+            next_seq: 0,
+            unsignaled_run: 0,
+            peer_rdv_next: 0,
+            peer_rdv_avail: cfg.peer.rdv_count,
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+            close_sent: false,
+            recv_gen: vec![0; cfg.recv_slots as usize],
+            owed_total: 0,
+            owed_data: 0,
+            rdv_owed: 0,
+            rdv_expected: 0,
+            rdv_peer_held: cfg.rdv_count,
+            reasm: None,
+            peer_closed: false,
+            actions: Vec::new(),
+            events: VecDeque::new(),
+            counters: EngineCounters::default(),
+            cfg,
+        };
+        for slot in 0..e.cfg.recv_slots {
+            e.actions.push(Action::PostRecv {
+                slot,
+                wr_id: recv_wr_id(slot, 0),
+            });
+        }
+        e
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Largest payload sent eagerly.
+    pub fn eager_max(&self) -> usize {
+        self.eager_max
+    }
+
+    /// Queues a message. The caller must already have checked the length
+    /// against the peer's `max_message`.
+    pub fn submit(&mut self, data: Bytes) {
+        self.pending_bytes += data.len();
+        self.pending.push_back(Outgoing::Msg { data, off: 0 });
+    }
+
+    /// Queues the CLOSE marker (§6); no message may be submitted after it.
+    pub fn close(&mut self) {
+        self.pending.push_back(Outgoing::Close);
+    }
+
+    /// Messages queued but not yet fully posted.
+    pub fn pending_msgs(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Payload bytes queued but not yet fully posted.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending_bytes
+    }
+
+    /// CLOSE posted and every send-queue work request completed.
+    pub fn close_flushed(&self) -> bool {
+        self.close_sent && self.pending.is_empty() && self.records.is_empty()
+    }
+
+    /// CLOSE posted.
+    pub fn close_sent(&self) -> bool {
+        self.close_sent
+    }
+
+    /// The peer sent CLOSE.
+    pub fn peer_closed(&self) -> bool {
+        self.peer_closed
+    }
+
+    /// Current send credits (test/diagnostics).
+    pub fn credits(&self) -> u32 {
+        self.credits
+    }
+
+    /// Send-queue work requests not yet known complete.
+    pub fn outstanding_sq(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Takes the actions produced so far (to be posted in order).
+    pub fn take_actions(&mut self) -> Vec<Action> {
+        std::mem::take(&mut self.actions)
+    }
+
+    /// Takes the next event.
+    pub fn next_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// Handles one completion. Receive payloads are copied out and the slot
+    /// reposted immediately (§4.3, ownership in `docs/buffer-ownership.md`).
+    pub fn on_completion<B: Buffers + ?Sized>(
+        &mut self,
+        c: Completion,
+        bufs: &B,
+    ) -> Result<(), EngineError> {
+        let kind = c.wr_id >> 56;
+        if kind == WR_RECV {
+            if !c.ok {
+                return Err(EngineError::Completion {
+                    status: c.status,
+                    recv: true,
+                });
+            }
+            self.on_recv(c, bufs)
+        } else if kind == WR_SQ {
+            if !c.ok {
+                return Err(EngineError::Completion {
+                    status: c.status,
+                    recv: false,
+                });
+            }
+            // §7: completions on the SQ are in order, so a completion for
+            // sequence s covers every earlier (unsignalled) work request.
+            let seq = c.wr_id & ((1 << 56) - 1);
+            while let Some(&(s, held)) = self.records.front() {
+                if (s & ((1 << 56) - 1)) > seq {
+                    break;
+                }
+                self.records.pop_front();
+                match held {
+                    Some(Held::Slot(i)) => self.free_send.push_back(i),
+                    Some(Held::Staging(i)) => self.free_staging.push_back(i),
+                    None => {}
+                }
+            }
+            Ok(())
+        } else {
+            Err(EngineError::Protocol(format!(
+                "completion with unknown wr_id {:#x}",
+                c.wr_id
+            )))
+        }
+    }
+
+    fn proto<T>(msg: String) -> Result<T, EngineError> {
+        Err(EngineError::Protocol(msg))
+    }
+
+    fn on_recv<B: Buffers + ?Sized>(&mut self, c: Completion, bufs: &B) -> Result<(), EngineError> {
+        let slot = (c.wr_id & 0xffff_ffff) as u32;
+        let gen = ((c.wr_id >> 32) & 0xff_ffff) as u32;
+        if slot >= self.cfg.recv_slots || self.recv_gen[slot as usize] != gen {
+            return Self::proto(format!("stale or unknown receive completion {:#x}", c.wr_id));
+        }
+        let len = c.byte_len as usize;
+        if len > self.cfg.recv_slot_bytes {
+            return Self::proto(format!("receive of {len} bytes exceeds slot"));
+        }
+        let data = &bufs.recv_slot(slot)[..len];
+        let h = Header::decode(data).map_err(EngineError::Protocol)?;
+        // §4.2: credits returned by the peer.
+        let credits = self.credits + h.credit_return as u32;
+        if credits > self.cfg.peer.credits {
+            return Self::proto(format!("peer returned too many credits ({credits})"));
+        }
+        self.credits = credits;
+        // §5.3: rendezvous buffers returned by the peer (in order).
+        let avail = self.peer_rdv_avail + h.rdv_return as u32;
+        if avail > self.cfg.peer.rdv_count {
+            return Self::proto("peer returned too many rendezvous buffers".into());
+        }
+        self.peer_rdv_avail = avail;
+        if self.peer_closed && h.kind != Kind::Credit {
+            return Self::proto(format!("{:?} after CLOSE", h.kind));
+        }
+        match h.kind {
+            Kind::Eager => {
+                // §4.1
+                if self.reasm.is_some() {
+                    return Self::proto("eager message inside a rendezvous message".into());
+                }
+                if h.len as usize != len - HDR_LEN {
+                    return Self::proto("eager length mismatch".into());
+                }
+                let msg = Bytes::copy_from_slice(&data[HDR_LEN..]);
+                self.counters.msgs_recv += 1;
+                self.counters.bytes_recv += msg.len() as u64;
+                self.events.push_back(Event::Message(msg));
+                self.owed_data += 1;
+            }
+            Kind::Chunk => {
+                self.on_chunk(&h, len, bufs)?;
+                self.owed_data += 1;
+            }
+            Kind::Credit => {}
+            Kind::Close => {
+                if self.reasm.is_some() {
+                    return Self::proto("CLOSE inside a rendezvous message".into());
+                }
+                self.peer_closed = true;
+                self.events.push_back(Event::PeerClosed);
+                self.owed_data += 1;
+            }
+        }
+        // §4.3: repost immediately; the credit becomes returnable.
+        let g = (gen + 1) & 0xff_ffff;
+        self.recv_gen[slot as usize] = g;
+        self.actions.push(Action::PostRecv {
+            slot,
+            wr_id: recv_wr_id(slot, g),
+        });
+        self.owed_total += 1;
+        Ok(())
+    }
+
+    /// §5.3: validate a chunk notification before touching the buffer.
+    fn on_chunk<B: Buffers + ?Sized>(
+        &mut self,
+        h: &Header,
+        len: usize,
+        bufs: &B,
+    ) -> Result<(), EngineError> {
+        if len != HDR_LEN {
+            return Self::proto("chunk notification with payload".into());
+        }
+        let idx = h.rdv_index;
+        if idx >= self.cfg.rdv_count {
+            return Self::proto(format!("chunk names unknown rendezvous buffer {idx}"));
+        }
+        if self.rdv_peer_held == 0 || idx != self.rdv_expected {
+            return Self::proto(format!(
+                "chunk uses rendezvous buffer {idx} not granted to the peer"
+            ));
+        }
+        let expect_addr = self.cfg.rdv_addr + idx as u64 * self.cfg.rdv_bytes as u64;
+        if h.addr != expect_addr {
+            return Self::proto(format!("chunk address {:#x} is not buffer {idx}", h.addr));
+        }
+        let clen = h.len as usize;
+        if clen == 0 || clen > self.cfg.rdv_bytes {
+            return Self::proto(format!("chunk length {clen} out of bounds"));
+        }
+        let total = h.total_len;
+        if total > self.cfg.max_message as u64 {
+            return Self::proto(format!("message of {total} bytes exceeds max_message"));
+        }
+        let total = total as usize;
+        let r = self.reasm.get_or_insert_with(|| Reassembly {
+            buf: BytesMut::with_capacity(total),
+            total,
+        });
+        if r.total != total {
+            return Self::proto("total length changed between chunks".into());
+        }
+        let end = r.buf.len() + clen;
+        let last = h.flags & FLAG_LAST != 0;
+        if end > total || last != (end == total) {
+            return Self::proto("chunk overruns message or LAST flag wrong".into());
+        }
+        r.buf.extend_from_slice(&bufs.rdv_buf(idx)[..clen]);
+        self.rdv_peer_held -= 1;
+        self.rdv_expected = (idx + 1) % self.cfg.rdv_count;
+        // Copied out: the buffer is ours again and can be re-advertised.
+        self.rdv_owed += 1;
+        if last {
+            let r = self.reasm.take().expect("reassembly present");
+            self.counters.msgs_recv += 1;
+            self.counters.bytes_recv += r.total as u64;
+            self.events.push_back(Event::Message(r.buf.freeze()));
+        }
+        Ok(())
+    }
+
+    fn fill_returns(&mut self, h: &mut Header) {
+        let c = self.owed_total.min(u16::MAX as u32);
+        h.credit_return = c as u16;
+        self.owed_total -= c;
+        self.owed_data = self.owed_data.min(self.owed_total);
+        let r = self.rdv_owed.min(u16::MAX as u32);
+        h.rdv_return = r as u16;
+        self.rdv_owed -= r;
+        self.rdv_peer_held += r;
+    }
+
+    fn push_record(&mut self, held: Option<Held>, force_signal: bool) -> (u64, bool) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.unsignaled_run += 1;
+        let signaled = force_signal || self.unsignaled_run >= self.cfg.signal_every;
+        if signaled {
+            self.unsignaled_run = 0;
+        }
+        self.records.push_back((seq, held));
+        (sq_wr_id(seq), signaled)
+    }
+
+    fn sq_room(&self, n: usize) -> bool {
+        self.records.len() + n <= self.cfg.sq_depth() as usize
+    }
+
+    fn post_send_slot<B: Buffers + ?Sized>(
+        &mut self,
+        bufs: &mut B,
+        mut h: Header,
+        payload: &[u8],
+        force_signal: bool,
+    ) {
+        let slot = self.free_send.pop_front().expect("caller checked free slot");
+        self.fill_returns(&mut h);
+        let b = bufs.send_slot(slot);
+        h.encode(&mut b[..HDR_LEN]);
+        b[HDR_LEN..HDR_LEN + payload.len()].copy_from_slice(payload);
+        let len = HDR_LEN + payload.len();
+        let inline = len <= self.cfg.max_inline;
+        if inline {
+            self.counters.inline_sends += 1;
+        }
+        self.credits -= 1;
+        let (wr_id, signaled) = self.push_record(Some(Held::Slot(slot)), force_signal);
+        self.actions.push(Action::PostSend {
+            slot,
+            len,
+            wr_id,
+            signaled,
+            inline,
+        });
+    }
+
+    /// Posts whatever credits, slots and rendezvous buffers allow (§4.2, §5.2),
+    /// then an explicit credit message if one is due (§4.3).
+    pub fn progress<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
+        // Data needs 2 credits and 2 free send slots: one of each stays
+        // reserved for credit messages so returns can never deadlock (§4.3).
+        loop {
+            if self.credits < 2 || self.free_send.len() < 2 || !self.sq_room(3) {
+                break;
+            }
+            let rdv_ready = self.peer_rdv_avail > 0 && !self.free_staging.is_empty();
+            let eager_max = self.eager_max;
+            let Some(front) = self.pending.front_mut() else {
+                break;
+            };
+            match front {
+                Outgoing::Close => {
+                    self.pending.pop_front();
+                    let h = Header::new(Kind::Close);
+                    self.post_send_slot(bufs, h, &[], true);
+                    self.close_sent = true;
+                }
+                Outgoing::Msg { data, off } if data.len() <= eager_max => {
+                    let data = data.clone();
+                    debug_assert_eq!(*off, 0);
+                    self.pending.pop_front();
+                    self.pending_bytes -= data.len();
+                    let mut h = Header::new(Kind::Eager);
+                    h.len = data.len() as u32;
+                    self.post_send_slot(bufs, h, &data, false);
+                    self.counters.eager_sends += 1;
+                    self.counters.msgs_sent += 1;
+                    self.counters.bytes_sent += data.len() as u64;
+                }
+                Outgoing::Msg { data, off } => {
+                    // §5.2: one chunk = WRITE into the next peer buffer + notify SEND.
+                    if !rdv_ready {
+                        break;
+                    }
+                    let total = data.len();
+                    let clen = self.chunk.min(total - *off);
+                    let start = *off;
+                    *off += clen;
+                    let last = *off == total;
+                    let data = data.clone();
+                    if last {
+                        self.pending.pop_front();
+                    }
+                    self.pending_bytes -= clen;
+                    let st = self.free_staging.pop_front().expect("checked");
+                    bufs.staging(st)[..clen].copy_from_slice(&data[start..start + clen]);
+                    let idx = self.peer_rdv_next;
+                    self.peer_rdv_next = (idx + 1) % self.cfg.peer.rdv_count;
+                    self.peer_rdv_avail -= 1;
+                    let remote_addr =
+                        self.cfg.peer.rdv_addr + idx as u64 * self.cfg.peer.rdv_bytes as u64;
+                    let (wr_id, signaled) = self.push_record(Some(Held::Staging(st)), false);
+                    self.actions.push(Action::PostWrite {
+                        staging: st,
+                        len: clen,
+                        remote_addr,
+                        rkey: self.cfg.peer.rdv_rkey,
+                        wr_id,
+                        signaled,
+                    });
+                    self.counters.rdv_writes += 1;
+                    self.counters.rdv_bytes += clen as u64;
+                    let mut h = Header::new(Kind::Chunk);
+                    h.len = clen as u32;
+                    h.rdv_index = idx;
+                    h.total_len = total as u64;
+                    h.addr = remote_addr;
+                    if last {
+                        h.flags |= FLAG_LAST;
+                        self.counters.msgs_sent += 1;
+                        self.counters.bytes_sent += total as u64;
+                    }
+                    // Signal the notify so the staging buffer is released promptly.
+                    self.post_send_slot(bufs, h, &[], true);
+                }
+            }
+        }
+        // §4.3: explicit credit message when returns are due and no data
+        // carried them. Slots consumed by credit messages alone only trigger
+        // a return once half the ring is owed, so credit messages cannot
+        // ping-pong.
+        let half = (self.cfg.recv_slots / 2).max(1);
+        let due = self.owed_data >= half
+            || self.owed_total >= half
+            || self.rdv_owed > 0;
+        if due && self.credits >= 1 && !self.free_send.is_empty() && self.sq_room(1) {
+            let h = Header::new(Kind::Credit);
+            self.post_send_slot(bufs, h, &[], false);
+            self.counters.credit_msgs += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,527 @@
+//! Host tests of the sans-IO engine: a simulated NIC pair executes the
+//! actions of two engines wired back-to-back.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use super::wire::{Header, Hello, Kind, FLAG_LAST, HDR_LEN, VERSION};
+use super::*;
+
+const RDV_BASE: u64 = 0x10_0000_0000;
+
+struct Mem {
+    recv: Vec<u8>,
+    send: Vec<u8>,
+    rdv: Vec<u8>,
+    staging: Vec<u8>,
+    slot: usize,
+    rdv_bytes: usize,
+    staging_bytes: usize,
+}
+
+impl Buffers for Mem {
+    fn recv_slot(&self, i: u32) -> &[u8] {
+        &self.recv[i as usize * self.slot..(i as usize + 1) * self.slot]
+    }
+    fn send_slot(&mut self, i: u32) -> &mut [u8] {
+        &mut self.send[i as usize * self.slot..(i as usize + 1) * self.slot]
+    }
+    fn rdv_buf(&self, i: u32) -> &[u8] {
+        &self.rdv[i as usize * self.rdv_bytes..(i as usize + 1) * self.rdv_bytes]
+    }
+    fn staging(&mut self, i: u32) -> &mut [u8] {
+        &mut self.staging[i as usize * self.staging_bytes..(i as usize + 1) * self.staging_bytes]
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct P {
+    slots: u32,
+    slot: usize,
+    threshold: usize,
+    rdv_count: u32,
+    rdv_bytes: usize,
+    signal_every: u32,
+    inline: usize,
+}
+
+impl P {
+    fn small() -> P {
+        P {
+            slots: 8,
+            slot: 256,
+            threshold: 200,
+            rdv_count: 3,
+            rdv_bytes: 4096,
+            signal_every: 3,
+            inline: 64,
+        }
+    }
+    fn hello(&self) -> Hello {
+        Hello {
+            version: VERSION,
+            flags: 0,
+            credits: self.slots,
+            recv_slot_bytes: self.slot as u32,
+            rdv_count: self.rdv_count,
+            rdv_bytes: self.rdv_bytes as u32,
+            rdv_addr: RDV_BASE,
+            rdv_rkey: 0x77,
+            max_message: 1 << 30,
+        }
+    }
+    fn mem(&self) -> Mem {
+        Mem {
+            recv: vec![0; self.slots as usize * self.slot],
+            send: vec![0; self.slots as usize * self.slot],
+            rdv: vec![0; self.rdv_count as usize * self.rdv_bytes],
+            staging: vec![0; self.rdv_count as usize * self.rdv_bytes],
+            slot: self.slot,
+            rdv_bytes: self.rdv_bytes,
+            staging_bytes: self.rdv_bytes,
+        }
+    }
+    fn engine(&self, peer: &P) -> Engine {
+        Engine::new(EngineConfig {
+            recv_slots: self.slots,
+            recv_slot_bytes: self.slot,
+            send_slots: self.slots,
+            send_slot_bytes: self.slot,
+            rendezvous_threshold: self.threshold,
+            rdv_count: self.rdv_count,
+            rdv_bytes: self.rdv_bytes,
+            rdv_addr: RDV_BASE,
+            staging_count: self.rdv_count,
+            staging_bytes: self.rdv_bytes,
+            max_message: 1 << 30,
+            signal_every: self.signal_every,
+            max_inline: self.inline,
+            peer: peer.hello(),
+        })
+    }
+}
+
+enum Op {
+    Send { slot: u32, len: usize, wr_id: u64, signaled: bool },
+    Write { staging: u32, len: usize, addr: u64, rkey: u32, wr_id: u64, signaled: bool },
+}
+
+struct Side {
+    e: Engine,
+    mem: Mem,
+    posted: VecDeque<u64>,
+    cq: VecDeque<Completion>,
+    wire: VecDeque<Op>, // ops this side posted, not yet executed by the "NIC"
+    got: Vec<Bytes>,
+    closed: bool,
+}
+
+impl Side {
+    fn new(me: &P, peer: &P) -> Side {
+        let mut s = Side {
+            e: me.engine(peer),
+            mem: me.mem(),
+            posted: VecDeque::new(),
+            cq: VecDeque::new(),
+            wire: VecDeque::new(),
+            got: Vec::new(),
+            closed: false,
+        };
+        s.run_actions();
+        s
+    }
+
+    fn run_actions(&mut self) {
+        for a in self.e.take_actions() {
+            match a {
+                Action::PostRecv { slot, wr_id } => {
+                    assert_eq!((wr_id & 0xffff_ffff) as u32, slot);
+                    self.posted.push_back(wr_id);
+                }
+                Action::PostSend { slot, len, wr_id, signaled, .. } => {
+                    self.wire.push_back(Op::Send { slot, len, wr_id, signaled })
+                }
+                Action::PostWrite { staging, len, remote_addr, rkey, wr_id, signaled } => {
+                    self.wire.push_back(Op::Write {
+                        staging,
+                        len,
+                        addr: remote_addr,
+                        rkey,
+                        wr_id,
+                        signaled,
+                    })
+                }
+            }
+        }
+    }
+
+    fn process(&mut self, max: usize) {
+        for _ in 0..max {
+            let Some(c) = self.cq.pop_front() else { break };
+            self.e.on_completion(c, &self.mem).expect("engine error");
+        }
+        self.e.progress(&mut self.mem);
+        self.run_actions();
+        while let Some(ev) = self.e.next_event() {
+            match ev {
+                Event::Message(b) => {
+                    assert!(!self.closed);
+                    self.got.push(b)
+                }
+                Event::PeerClosed => self.closed = true,
+            }
+        }
+    }
+}
+
+/// The "NIC": executes the next op `from` posted, reading the sender's
+/// memory at execution time (so premature buffer reuse corrupts data).
+fn deliver(from: &mut Side, to: &mut Side) -> bool {
+    let Some(op) = from.wire.pop_front() else { return false };
+    match op {
+        Op::Send { slot, len, wr_id, signaled } => {
+            let rwr = to.posted.pop_front().expect("RNR: SEND with no posted receive");
+            let rslot = (rwr & 0xffff_ffff) as usize;
+            let src = from.mem.send_slot(slot)[..len].to_vec();
+            assert!(len <= to.mem.slot, "SEND larger than receive slot");
+            to.mem.recv[rslot * to.mem.slot..rslot * to.mem.slot + len].copy_from_slice(&src);
+            to.cq.push_back(Completion { wr_id: rwr, ok: true, status: 0, byte_len: len as u32 });
+            if signaled {
+                from.cq.push_back(Completion { wr_id, ok: true, status: 0, byte_len: 0 });
+            }
+        }
+        Op::Write { staging, len, addr, rkey, wr_id, signaled } => {
+            assert_eq!(rkey, 0x77);
+            let off = (addr - RDV_BASE) as usize;
+            assert!(off + len <= to.mem.rdv.len(), "WRITE out of bounds");
+            let src = from.mem.staging(staging)[..len].to_vec();
+            to.mem.rdv[off..off + len].copy_from_slice(&src);
+            if signaled {
+                from.cq.push_back(Completion { wr_id, ok: true, status: 0, byte_len: 0 });
+            }
+        }
+    }
+    true
+}
+
+fn pattern(id: u64, len: usize) -> Bytes {
+    let mut v = vec![0u8; len];
+    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for b in v.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    Bytes::from(v)
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Runs two engines back to back. `a_msgs`/`b_msgs` are message lengths.
+fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Side, Side) {
+    let mut a = Side::new(&pa, &pb);
+    let mut b = Side::new(&pb, &pa);
+    let mut rng = Rng(seed | 1);
+    let (mut ia, mut ib) = (0, 0);
+    let mut steps = 0u64;
+    loop {
+        steps += 1;
+        assert!(steps < 10_000_000, "no progress (deadlock?)");
+        // Submit with back-pressure like the driver: at most 2 queued.
+        if ia < a_msgs.len() && a.e.pending_msgs() < 2 && rng.next() % 3 == 0 {
+            a.e.submit(pattern(ia as u64, a_msgs[ia]));
+            ia += 1;
+            if ia == a_msgs.len() {
+                a.e.close();
+            }
+        }
+        if ib < b_msgs.len() && b.e.pending_msgs() < 2 && rng.next() % 3 == 0 {
+            b.e.submit(pattern(1_000_000 + ib as u64, b_msgs[ib]));
+            ib += 1;
+            if ib == b_msgs.len() {
+                b.e.close();
+            }
+        }
+        if a_msgs.is_empty() && !a.e.close_sent() && a.e.pending_msgs() == 0 {
+            a.e.close();
+        }
+        if b_msgs.is_empty() && !b.e.close_sent() && b.e.pending_msgs() == 0 {
+            b.e.close();
+        }
+        match rng.next() % 4 {
+            0 => {
+                for _ in 0..rng.next() % 4 + 1 {
+                    deliver(&mut a, &mut b);
+                }
+            }
+            1 => {
+                for _ in 0..rng.next() % 4 + 1 {
+                    deliver(&mut b, &mut a);
+                }
+            }
+            2 => a.process(rng.next() as usize % 8 + 1),
+            _ => b.process(rng.next() as usize % 8 + 1),
+        }
+        let done = a.closed
+            && b.closed
+            && a.wire.is_empty()
+            && b.wire.is_empty()
+            && a.cq.is_empty()
+            && b.cq.is_empty();
+        if done && ia == a_msgs.len() && ib == b_msgs.len() {
+            // settle: flush any last credit messages
+            for _ in 0..1000 {
+                a.process(64);
+                b.process(64);
+                let moved = deliver(&mut a, &mut b) | deliver(&mut b, &mut a);
+                if !moved && a.cq.is_empty() && b.cq.is_empty() {
+                    break;
+                }
+            }
+            break;
+        }
+    }
+    // Credit conservation at quiescence (§4.2): what a holds + what b owes
+    // == b's receive ring.
+    assert_eq!(a.e.credits() + b.e.owed_total, pb.slots);
+    assert_eq!(b.e.credits() + a.e.owed_total, pa.slots);
+    assert_eq!(a.posted.len() as u32, pa.slots);
+    assert_eq!(b.posted.len() as u32, pb.slots);
+    assert_eq!(a.e.peer_rdv_avail + b.e.rdv_owed, pb.rdv_count);
+    assert_eq!(b.e.peer_rdv_avail + a.e.rdv_owed, pa.rdv_count);
+    for (i, m) in b.got.iter().enumerate() {
+        assert_eq!(m, &pattern(i as u64, a_msgs[i]), "a->b message {i}");
+    }
+    assert_eq!(b.got.len(), a_msgs.len());
+    for (i, m) in a.got.iter().enumerate() {
+        assert_eq!(m, &pattern(1_000_000 + i as u64, b_msgs[i]), "b->a message {i}");
+    }
+    assert_eq!(a.got.len(), b_msgs.len());
+    (a, b)
+}
+
+#[test]
+fn one_way_small_no_rnr_and_credit_messages() {
+    let p = P::small();
+    let msgs: Vec<usize> = (0..5000).map(|i| i % 150).collect();
+    let (a, b) = run_pair(p, p, &msgs, &[], 7);
+    assert!(b.e.counters.credit_msgs > 0, "one-way traffic needs credit messages");
+    assert_eq!(a.e.counters.rdv_writes, 0);
+    assert!(a.e.counters.inline_sends > 0);
+}
+
+#[test]
+fn threshold_boundary() {
+    let p = P::small();
+    let t = p.threshold;
+    let msgs = vec![0, 1, t - 1, t, t + 1, 4096, 4097, 3 * 4096, 3 * 4096 + 1, 20_000];
+    let (a, _b) = run_pair(p, p, &msgs, &msgs, 3);
+    // t+1 .. : 1+1+1+3+4+5 chunks
+    assert_eq!(a.e.counters.rdv_writes, 1 + 1 + 2 + 3 + 4 + 5);
+    assert_eq!(a.e.counters.eager_sends, 4);
+}
+
+#[test]
+fn ring_reuse_many_generations() {
+    let mut p = P::small();
+    p.slots = 4;
+    p.signal_every = 2;
+    let msgs: Vec<usize> = (0..3000).map(|i| (i * 7) % 240).collect();
+    run_pair(p, p, &msgs, &msgs, 11);
+}
+
+#[test]
+fn rendezvous_chunks_pipelined_asymmetric_configs() {
+    let pa = P::small();
+    let mut pb = P::small();
+    pb.rdv_bytes = 8192;
+    pb.rdv_count = 2;
+    pb.slots = 16;
+    pb.slot = 512;
+    pb.threshold = 400;
+    let msgs = vec![100_000, 5, 70_001, 8192, 8193];
+    let (a, b) = run_pair(pa, pb, &msgs, &msgs, 5);
+    // a -> b: chunk = min(a staging 4096, b rdv 8192) = 4096
+    assert_eq!(a.e.config().chunk_bytes(), 4096);
+    assert_eq!(b.e.config().chunk_bytes(), 4096);
+}
+
+/// A 1 GiB message through simulated rendezvous buffers: chunk accounting
+/// and stripe markers are checked (the payload is mostly zero pages).
+#[test]
+fn one_gib_message_chunk_accounting() {
+    let mut p = P::small();
+    p.rdv_bytes = 4 << 20;
+    p.rdv_count = 4;
+    let total = 1usize << 30;
+    let mut v = vec![0u8; total];
+    for (k, stripe) in v.chunks_mut(1 << 20).enumerate() {
+        stripe[..8].copy_from_slice(&(k as u64 ^ 0xA5A5).to_le_bytes());
+    }
+    let msg = Bytes::from(v);
+    let mut a = Side::new(&p, &p);
+    let mut b = Side::new(&p, &p);
+    a.e.submit(msg);
+    let mut guard = 0;
+    while b.got.is_empty() {
+        guard += 1;
+        assert!(guard < 100_000);
+        a.process(64);
+        while deliver(&mut a, &mut b) {}
+        b.process(64);
+        while deliver(&mut b, &mut a) {}
+    }
+    assert_eq!(a.e.counters.rdv_writes, 256);
+    assert_eq!(a.e.counters.rdv_bytes, total as u64);
+    let got = &b.got[0];
+    assert_eq!(got.len(), total);
+    for k in 0..1024 {
+        let o = k << 20;
+        assert_eq!(got[o..o + 8], (k as u64 ^ 0xA5A5).to_le_bytes());
+        assert_eq!(got[o + 8], 0);
+    }
+}
+
+// ---- malformed notifications (§5.3) ----
+
+fn receiver() -> (Engine, Mem, P) {
+    let p = P::small();
+    let e = p.engine(&p);
+    (e, p.mem(), p)
+}
+
+fn inject(e: &mut Engine, mem: &mut Mem, slot: u32, gen: u32, h: Header, extra: &[u8]) -> Result<(), EngineError> {
+    let base = slot as usize * mem.slot;
+    h.encode(&mut mem.recv[base..base + HDR_LEN]);
+    mem.recv[base + HDR_LEN..base + HDR_LEN + extra.len()].copy_from_slice(extra);
+    e.on_completion(
+        Completion {
+            wr_id: recv_wr_id(slot, gen),
+            ok: true,
+            status: 0,
+            byte_len: (HDR_LEN + extra.len()) as u32,
+        },
+        mem,
+    )
+}
+
+fn chunk(idx: u32, len: u32, total: u64, last: bool) -> Header {
+    let mut h = Header::new(Kind::Chunk);
+    h.rdv_index = idx;
+    h.len = len;
+    h.total_len = total;
+    h.addr = RDV_BASE + idx as u64 * 4096;
+    if last {
+        h.flags = FLAG_LAST;
+    }
+    h
+}
+
+fn is_proto(r: Result<(), EngineError>) -> bool {
+    matches!(r, Err(EngineError::Protocol(_)))
+}
+
+#[test]
+fn malformed_notifications_rejected() {
+    let (mut e, mut m, _) = receiver();
+    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(3, 10, 10, true), &[])), "unknown buffer");
+    let (mut e, mut m, _) = receiver();
+    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 4097, 5000, false), &[])), "oob len");
+    let (mut e, mut m, _) = receiver();
+    let mut h = chunk(0, 10, 10, true);
+    h.addr += 1;
+    assert!(is_proto(inject(&mut e, &mut m, 0, 0, h, &[])), "wrong addr");
+    let (mut e, mut m, _) = receiver();
+    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(1, 10, 10, true), &[])), "out of order");
+    let (mut e, mut m, _) = receiver();
+    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 10, 20, true), &[])), "bad LAST");
+    let (mut e, mut m, _) = receiver();
+    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 0, 0, true), &[])), "empty chunk");
+    let (mut e, mut m, _) = receiver();
+    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 10, (1 << 30) + 1, false), &[])));
+    // stale generation
+    let (mut e, mut m, _) = receiver();
+    assert!(is_proto(inject(&mut e, &mut m, 0, 5, Header::new(Kind::Credit), &[])));
+    // unknown kind / short message
+    let (mut e, mut m, _) = receiver();
+    m.recv[0] = 99;
+    let r = e.on_completion(Completion { wr_id: recv_wr_id(0, 0), ok: true, status: 0, byte_len: 32 }, &m);
+    assert!(is_proto(r));
+    let (mut e, m, _) = receiver();
+    let r = e.on_completion(Completion { wr_id: recv_wr_id(0, 0), ok: true, status: 0, byte_len: 3 }, &m);
+    assert!(is_proto(r));
+    // too many credits returned
+    let (mut e, mut m, _) = receiver();
+    let mut h = Header::new(Kind::Credit);
+    h.credit_return = 1;
+    assert!(is_proto(inject(&mut e, &mut m, 0, 0, h, &[])));
+    // eager length lie
+    let (mut e, mut m, _) = receiver();
+    let mut h = Header::new(Kind::Eager);
+    h.len = 100;
+    assert!(is_proto(inject(&mut e, &mut m, 0, 0, h, &[1, 2, 3])));
+}
+
+#[test]
+fn reused_rendezvous_buffer_rejected() {
+    // All 3 buffers used without any being returned, then a 4th chunk
+    // reuses buffer 0 before we re-advertised it.
+    let (mut e, mut m, _) = receiver();
+    let total = 4 * 4096;
+    for i in 0..3u32 {
+        inject(&mut e, &mut m, i, 0, chunk(i, 4096, total, false), &[]).unwrap();
+    }
+    assert!(is_proto(inject(&mut e, &mut m, 3, 0, chunk(0, 4096, total, true), &[])));
+    // After the return went out (progress sends a credit message), reuse is fine.
+    let (mut e, mut m, _) = receiver();
+    for i in 0..3u32 {
+        inject(&mut e, &mut m, i, 0, chunk(i, 4096, total, false), &[]).unwrap();
+    }
+    e.progress(&mut m);
+    assert!(e.take_actions().iter().any(|a| matches!(a, Action::PostSend { .. })));
+    inject(&mut e, &mut m, 3, 0, chunk(0, 4096, total, true), &[]).unwrap();
+    assert!(matches!(e.next_event(), Some(Event::Message(b)) if b.len() == total as usize));
+}
+
+#[test]
+fn failed_completion_is_error() {
+    let (mut e, m, _) = receiver();
+    let r = e.on_completion(Completion { wr_id: recv_wr_id(0, 0), ok: false, status: 5, byte_len: 0 }, &m);
+    assert_eq!(r, Err(EngineError::Completion { status: 5, recv: true }));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    #[test]
+    fn random_pairs_exchange_without_loss(
+        seed in any::<u64>(),
+        a_msgs in proptest::collection::vec(prop_oneof![0usize..220, 0usize..20_000], 0..60),
+        b_msgs in proptest::collection::vec(prop_oneof![0usize..220, 0usize..20_000], 0..60),
+        slots in 4u32..12,
+        signal_every in 1u32..4,
+        rdv_count in 1u32..4,
+        threshold in 0usize..224,
+    ) {
+        let mut pa = P::small();
+        pa.slots = slots;
+        pa.signal_every = signal_every;
+        pa.rdv_count = rdv_count;
+        pa.threshold = threshold;
+        let mut pb = P::small();
+        pb.rdv_count = 4 - rdv_count.min(3);
+        pb.slot = 320;
+        run_pair(pa, pb, &a_msgs, &b_msgs, seed);
+    }
+}

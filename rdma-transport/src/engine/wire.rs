@@ -1,0 +1,230 @@
+//! Wire formats: the connect private data (§2) and the per-SEND header (§3).
+//!
+//! Everything is little-endian. See `docs/wire-protocol-rdma.md`.
+
+/// Magic number at the start of the connect private data ("RGRP").
+pub const MAGIC: u32 = 0x5247_5250;
+/// Protocol version (§2.1).
+pub const VERSION: u16 = 1;
+/// Size of the private data blob (§2.1). Must stay <= 56 bytes (IB CM REQ limit).
+pub const HELLO_LEN: usize = 44;
+/// Size of the header at the start of every SEND (§3.1).
+pub const HDR_LEN: usize = 32;
+
+/// Message kinds (§3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// Whole message inline in this SEND (§4).
+    Eager = 1,
+    /// Rendezvous chunk notification: data was RDMA-written before this SEND (§5).
+    Chunk = 2,
+    /// Credit / rendezvous-buffer return only (§4.3).
+    Credit = 3,
+    /// Sender half closed: no more messages follow (§6).
+    Close = 4,
+}
+
+impl Kind {
+    fn from_u8(v: u8) -> Option<Kind> {
+        Some(match v {
+            1 => Kind::Eager,
+            2 => Kind::Chunk,
+            3 => Kind::Credit,
+            4 => Kind::Close,
+            _ => return None,
+        })
+    }
+}
+
+/// Flag bit: last chunk of a rendezvous message (§5.2).
+pub const FLAG_LAST: u8 = 1;
+
+/// Connection parameters exchanged in the rdma_cm private data (§2.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// Protocol version of the sender.
+    pub version: u16,
+    /// Reserved flags (0).
+    pub flags: u16,
+    /// Receive buffers pre-posted by the sender = initial credits of the peer.
+    pub credits: u32,
+    /// Bytes per receive buffer (header included).
+    pub recv_slot_bytes: u32,
+    /// Number of rendezvous buffers in the advertised region.
+    pub rdv_count: u32,
+    /// Bytes per rendezvous buffer.
+    pub rdv_bytes: u32,
+    /// Virtual address of rendezvous buffer 0; buffer `i` is at `rdv_addr + i * rdv_bytes`.
+    pub rdv_addr: u64,
+    /// rkey of the region.
+    pub rdv_rkey: u32,
+    /// Largest message the sender of this hello accepts.
+    pub max_message: u64,
+}
+
+impl Hello {
+    /// Encodes into the fixed-size blob (§2.1).
+    pub fn encode(&self) -> [u8; HELLO_LEN] {
+        let mut b = [0u8; HELLO_LEN];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&self.version.to_le_bytes());
+        b[6..8].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..12].copy_from_slice(&self.credits.to_le_bytes());
+        b[12..16].copy_from_slice(&self.recv_slot_bytes.to_le_bytes());
+        b[16..20].copy_from_slice(&self.rdv_count.to_le_bytes());
+        b[20..24].copy_from_slice(&self.rdv_bytes.to_le_bytes());
+        b[24..32].copy_from_slice(&self.rdv_addr.to_le_bytes());
+        b[32..36].copy_from_slice(&self.rdv_rkey.to_le_bytes());
+        b[36..44].copy_from_slice(&self.max_message.to_le_bytes());
+        b
+    }
+
+    /// Decodes and validates (§2.2). Trailing bytes (CM padding) are ignored.
+    pub fn decode(b: &[u8]) -> Result<Hello, String> {
+        if b.len() < HELLO_LEN {
+            return Err(format!("private data too short: {} bytes", b.len()));
+        }
+        let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+        let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        if u32at(0) != MAGIC {
+            return Err("bad magic in private data".into());
+        }
+        let h = Hello {
+            version: u16::from_le_bytes([b[4], b[5]]),
+            flags: u16::from_le_bytes([b[6], b[7]]),
+            credits: u32at(8),
+            recv_slot_bytes: u32at(12),
+            rdv_count: u32at(16),
+            rdv_bytes: u32at(20),
+            rdv_addr: u64at(24),
+            rdv_rkey: u32at(32),
+            max_message: u64at(36),
+        };
+        if h.version != VERSION {
+            return Err(format!("unsupported protocol version {}", h.version));
+        }
+        if h.credits < 4 || h.credits > 4096 {
+            return Err(format!("bad credit count {}", h.credits));
+        }
+        if (h.recv_slot_bytes as usize) < HDR_LEN + 16 {
+            return Err(format!("receive slot too small: {}", h.recv_slot_bytes));
+        }
+        if h.rdv_count == 0 || h.rdv_count > 4096 || h.rdv_bytes < 4096 {
+            return Err("bad rendezvous region".into());
+        }
+        Ok(h)
+    }
+}
+
+/// The header at the start of every SEND (§3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Message kind.
+    pub kind: Kind,
+    /// Flags ([`FLAG_LAST`]).
+    pub flags: u8,
+    /// Receive credits returned to the peer (§4.2).
+    pub credit_return: u16,
+    /// Rendezvous buffers returned to the peer (§5.3).
+    pub rdv_return: u16,
+    /// Eager: payload bytes after the header. Chunk: bytes written into the buffer.
+    pub len: u32,
+    /// Chunk: index of the rendezvous buffer written.
+    pub rdv_index: u32,
+    /// Chunk: total message length.
+    pub total_len: u64,
+    /// Chunk: remote address written (must equal the advertised buffer address).
+    pub addr: u64,
+}
+
+impl Header {
+    /// A header of `kind` with everything else zero.
+    pub fn new(kind: Kind) -> Header {
+        Header {
+            kind,
+            flags: 0,
+            credit_return: 0,
+            rdv_return: 0,
+            len: 0,
+            rdv_index: 0,
+            total_len: 0,
+            addr: 0,
+        }
+    }
+
+    /// Encodes into the first [`HDR_LEN`] bytes of `b`.
+    pub fn encode(&self, b: &mut [u8]) {
+        b[0] = self.kind as u8;
+        b[1] = self.flags;
+        b[2..4].copy_from_slice(&self.credit_return.to_le_bytes());
+        b[4..6].copy_from_slice(&self.rdv_return.to_le_bytes());
+        b[6..8].copy_from_slice(&[0, 0]);
+        b[8..12].copy_from_slice(&self.len.to_le_bytes());
+        b[12..16].copy_from_slice(&self.rdv_index.to_le_bytes());
+        b[16..24].copy_from_slice(&self.total_len.to_le_bytes());
+        b[24..32].copy_from_slice(&self.addr.to_le_bytes());
+    }
+
+    /// Decodes (§3.1); unknown kinds are a protocol error.
+    pub fn decode(b: &[u8]) -> Result<Header, String> {
+        if b.len() < HDR_LEN {
+            return Err(format!("message shorter than header: {} bytes", b.len()));
+        }
+        let kind = Kind::from_u8(b[0]).ok_or_else(|| format!("unknown message kind {}", b[0]))?;
+        Ok(Header {
+            kind,
+            flags: b[1],
+            credit_return: u16::from_le_bytes([b[2], b[3]]),
+            rdv_return: u16::from_le_bytes([b[4], b[5]]),
+            len: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            rdv_index: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+            total_len: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+            addr: u64::from_le_bytes(b[24..32].try_into().unwrap()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_roundtrip() {
+        let h = Hello {
+            version: VERSION,
+            flags: 0,
+            credits: 64,
+            recv_slot_bytes: 8192,
+            rdv_count: 8,
+            rdv_bytes: 1 << 20,
+            rdv_addr: 0xdead_beef_0000,
+            rdv_rkey: 77,
+            max_message: 1 << 30,
+        };
+        let mut padded = h.encode().to_vec();
+        padded.extend_from_slice(&[0; 12]);
+        assert_eq!(Hello::decode(&padded).unwrap(), h);
+        assert!(Hello::decode(&padded[..20]).is_err());
+        padded[0] = 0;
+        assert!(Hello::decode(&padded).is_err());
+    }
+
+    #[test]
+    fn header_roundtrip() {
+        let mut h = Header::new(Kind::Chunk);
+        h.flags = FLAG_LAST;
+        h.credit_return = 3;
+        h.rdv_return = 2;
+        h.len = 100;
+        h.rdv_index = 5;
+        h.total_len = 1 << 33;
+        h.addr = 42;
+        let mut b = [0u8; HDR_LEN];
+        h.encode(&mut b);
+        assert_eq!(Header::decode(&b).unwrap(), h);
+        b[0] = 9;
+        assert!(Header::decode(&b).is_err());
+        assert!(Header::decode(&b[..10]).is_err());
+    }
+}
