@@ -1,1 +1,211 @@
-//! rpc-core
+//! # rpc-core: gRPC calls over RDMA, with TCP fallback
+//!
+//! Existing tonic services and tonic-generated clients run unchanged; only the
+//! construction of the channel and the server changes:
+//!
+//! ```text
+//!            tonic-generated client                      tonic-generated service
+//!                    │                                            ▲
+//!              rpc_core::Channel  ── tower::Service ──    rpc_core::Server (Routes)
+//!               │            │                              │              │
+//!     call protocol      tonic HTTP/2                 call protocol    tonic HTTP/2
+//!   (docs/wire-protocol.md) (TCP fallback)                   │          (same port, TCP)
+//!               │                                            │
+//!        conn::Connection ── rdma-transport (verbs) ── conn::Connection
+//! ```
+//!
+//! * [`Channel`] tries RDMA first and falls back to standard gRPC over HTTP/2
+//!   on TCP, saying why ([`Channel::transport`]); [`Transport`] forces either.
+//! * [`Server`] serves the same services over RDMA (rdma_cm) and over HTTP/2 on
+//!   TCP at the same address and port, so stock gRPC clients reach it too.
+//! * [`conn::Connection`] is the narrow message-connection trait the call
+//!   protocol runs over; [`conn::mem`] is an in-memory implementation.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+mod body;
+mod client;
+pub mod conn;
+pub mod frame;
+mod rdma;
+mod server;
+mod session;
+pub mod timeout;
+mod window;
+
+pub use body::RecvBody;
+pub use client::{Channel, ChannelBuilder};
+pub use server::{MemoryServer, Router, Server, ServingHandle};
+
+use std::fmt;
+use std::time::Duration;
+
+/// Transport policy of a [`Channel`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// RDMA when it works, else standard gRPC over TCP (the default).
+    #[default]
+    Auto,
+    /// RDMA or fail with `Unavailable`; never falls back.
+    RdmaOnly,
+    /// Standard gRPC over HTTP/2 on TCP only.
+    TcpOnly,
+}
+
+/// Environment variable operators set to force a transport: `auto`, `rdma`, `tcp`.
+pub const TRANSPORT_ENV: &str = "RPC_TRANSPORT";
+
+impl Transport {
+    /// The policy from [`TRANSPORT_ENV`]; `Auto` when unset.
+    pub fn from_env() -> Result<Transport, Error> {
+        match std::env::var(TRANSPORT_ENV) {
+            Err(_) => Ok(Transport::Auto),
+            Ok(v) => v.parse(),
+        }
+    }
+}
+
+impl std::str::FromStr for Transport {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Transport::Auto),
+            "rdma" | "rdma-only" | "rdmaonly" => Ok(Transport::RdmaOnly),
+            "tcp" | "tcp-only" | "tcponly" => Ok(Transport::TcpOnly),
+            other => Err(Error::InvalidTransport(other.to_string())),
+        }
+    }
+}
+
+/// What carries a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Verbs over rdma-transport.
+    Rdma,
+    /// Standard gRPC over HTTP/2 on TCP.
+    Tcp,
+    /// The in-memory connection ([`conn::mem`]).
+    Memory,
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransportKind::Rdma => "rdma",
+            TransportKind::Tcp => "tcp",
+            TransportKind::Memory => "memory",
+        })
+    }
+}
+
+/// The transport a [`Channel`] uses and, if it fell back to TCP, why.
+/// Displays as `rdma`, `tcp` or `tcp (fallback: <reason>)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportInfo {
+    /// The transport in use.
+    pub kind: TransportKind,
+    /// Why RDMA was not used, when the policy was [`Transport::Auto`].
+    pub fallback_reason: Option<String>,
+}
+
+impl fmt::Display for TransportInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.fallback_reason {
+            Some(r) => write!(f, "{} (fallback: {r})", self.kind),
+            None => write!(f, "{}", self.kind),
+        }
+    }
+}
+
+/// Connection details the server adds to each request's extensions (for
+/// interceptors: `req.extensions().get::<ConnInfo>()`), and the client to
+/// each response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// Transport of the connection.
+    pub transport: TransportKind,
+    /// The peer's address, when it has one.
+    pub peer: Option<std::net::SocketAddr>,
+}
+
+/// Limits of the call protocol on one message connection (`docs/wire-protocol.md` §1.5).
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Calls this side accepts at once on one connection (default 2048).
+    pub max_concurrent_calls: u32,
+    /// DATA bytes per call the peer may send before credit returns (default 4 MiB).
+    pub initial_window: u32,
+    /// Largest metadata block (names + values) accepted in one frame (default 16 KiB).
+    pub max_metadata_bytes: u32,
+    /// Largest DATA payload per frame sent (default 1 MiB).
+    pub max_data_frame: usize,
+    /// Time allowed for the HELLO exchange (default 5 s).
+    pub handshake_timeout: Duration,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            max_concurrent_calls: 2048,
+            initial_window: 4 << 20,
+            max_metadata_bytes: 16 << 10,
+            max_data_frame: 1 << 20,
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Errors of connecting and serving. Calls themselves fail with [`tonic::Status`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The address could not be parsed or resolved (caller's fault).
+    #[error("invalid address {0}")]
+    InvalidAddress(String),
+    /// `RPC_TRANSPORT` holds an unknown value.
+    #[error("invalid transport {0:?} in {TRANSPORT_ENV}: expected auto, rdma or tcp")]
+    InvalidTransport(String),
+    /// RDMA could not be used (no device, no route, no RDMA listener, timeout...).
+    #[error("RDMA unavailable: {0}")]
+    RdmaUnavailable(String),
+    /// A connection could not be established.
+    #[error("could not connect over {transport} to {addr}: {detail}")]
+    Connect {
+        /// Transport tried.
+        transport: TransportKind,
+        /// Address tried.
+        addr: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The call-protocol handshake failed (peer speaks another protocol or version).
+    #[error("call-protocol handshake failed: {0}")]
+    Handshake(String),
+    /// Binding or serving failed.
+    #[error("server error: {0}")]
+    Serve(String),
+    /// An I/O error.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// A short reason suitable for `transport: tcp (fallback: <reason>)`.
+    pub fn fallback_reason(&self) -> String {
+        match self {
+            Error::RdmaUnavailable(r) => r.clone(),
+            other => other.to_string(),
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> tonic::Status {
+        match e {
+            Error::InvalidAddress(_) | Error::InvalidTransport(_) => {
+                tonic::Status::invalid_argument(e.to_string())
+            }
+            _ => tonic::Status::unavailable(e.to_string()),
+        }
+    }
+}

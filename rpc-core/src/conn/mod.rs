@@ -1,0 +1,50 @@
+//! The narrow connection trait the call protocol runs over.
+//!
+//! A [`Connection`] is a reliable, ordered, message-oriented duplex link: it
+//! carries whole *frames* (byte strings) and preserves their boundaries. The
+//! call layer (see `docs/wire-protocol.md`, part 1) multiplexes gRPC calls over
+//! it. Implementations:
+//!
+//! * [`mem`]: an in-memory pair, for tests and for in-process use;
+//! * `rdma` (in this crate, adapting [`rdma_transport`]): verbs SEND/RECV with
+//!   credits, and RDMA WRITE rendezvous for large frames.
+//!
+//! Back-pressure is the implementation's job: [`FrameSender::send`] waits until
+//! the peer can take the frame (credits, a bounded queue...).
+
+use bytes::Bytes;
+use std::future::Future;
+use std::io;
+
+pub mod mem;
+
+/// A message-oriented duplex connection, split into its two halves by the call layer.
+pub trait Connection: Send + 'static {
+    /// The sending half.
+    type Sender: FrameSender;
+    /// The receiving half.
+    type Receiver: FrameReceiver;
+    /// Splits the connection; each half is driven by its own task.
+    fn split(self) -> (Self::Sender, Self::Receiver);
+}
+
+/// The sending half of a [`Connection`].
+pub trait FrameSender: Send + 'static {
+    /// Largest frame [`send`](Self::send) accepts, in bytes.
+    fn max_frame_len(&self) -> usize;
+
+    /// Sends one frame. Resolves once the transport has taken the frame (it may
+    /// still be in flight); waits while the peer has no room for it.
+    /// Errors are final: the connection is unusable afterwards.
+    fn send(&mut self, frame: Bytes) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Closes the connection after the frames already sent. Idempotent.
+    fn close(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// The receiving half of a [`Connection`].
+pub trait FrameReceiver: Send + 'static {
+    /// The next frame; `Ok(None)` when the peer closed the connection cleanly.
+    /// Errors (peer gone, protocol violation) are final.
+    fn recv(&mut self) -> impl Future<Output = io::Result<Option<Bytes>>> + Send;
+}

@@ -1,0 +1,546 @@
+//! Call-protocol frames: encoding and checked decoding.
+//!
+//! Implements `docs/wire-protocol.md` §1.2–§1.4. Every decoder here reads
+//! bytes that came from the network: it checks each length before reading,
+//! never panics, and turns anything malformed into a [`FrameError`].
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use std::time::Duration;
+
+/// Protocol version carried in HELLO (§1.1). A peer with another major version is refused.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// Size of the fixed frame header: type (1), flags (1), stream id (4).
+pub const HEADER_LEN: usize = 6;
+
+/// Frame types (§1.2). Unknown types are ignored by the receiver.
+pub mod kind {
+    /// Connection preface: version, features, limits.
+    pub const HELLO: u8 = 0x01;
+    /// Opens a call: method path, deadline, request metadata.
+    pub const OPEN: u8 = 0x02;
+    /// Response headers (initial metadata).
+    pub const HEADERS: u8 = 0x03;
+    /// gRPC body bytes (5-byte prefixed messages, possibly split across frames).
+    pub const DATA: u8 = 0x04;
+    /// Response trailers: ends the call (grpc-status, grpc-message, ...).
+    pub const TRAILERS: u8 = 0x05;
+    /// Abandons a call, either direction.
+    pub const RESET: u8 = 0x06;
+    /// Returns flow-control credit for a call's DATA bytes.
+    pub const WINDOW_UPDATE: u8 = 0x07;
+    /// The sender takes no new calls; calls up to `last_stream_id` finish.
+    pub const GOAWAY: u8 = 0x08;
+}
+
+/// DATA flag: the sender half-closes its side of the call after this frame.
+pub const FLAG_END_STREAM: u8 = 0x01;
+
+/// Limits applied while decoding (§1.5).
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeLimits {
+    /// Largest total of metadata names + values in one OPEN/HEADERS/TRAILERS, bytes.
+    pub max_metadata_bytes: usize,
+}
+
+/// Why a frame could not be decoded. The connection (or the call) is closed with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The frame ended before a field it announces.
+    #[error("truncated {0} frame")]
+    Truncated(&'static str),
+    /// A field's value is not allowed.
+    #[error("invalid {what}: {detail}")]
+    Invalid {
+        /// Which field.
+        what: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The metadata of one frame exceeds the receiver's limit.
+    #[error("metadata of {got} bytes exceeds the limit of {limit} bytes")]
+    MetadataTooLarge {
+        /// Bytes the frame carries (or so far).
+        got: usize,
+        /// The receiver's limit.
+        limit: usize,
+    },
+}
+
+/// HELLO settings (§1.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// [`PROTOCOL_VERSION`] of the sender.
+    pub version: u16,
+    /// Feature bits the sender supports; the connection uses the intersection.
+    pub features: u32,
+    /// Calls the sender accepts at once (server) / will open at once (client).
+    pub max_concurrent_calls: u32,
+    /// DATA bytes per call the sender accepts before it returns credit.
+    pub initial_window: u32,
+    /// Largest metadata block the sender accepts.
+    pub max_metadata_bytes: u32,
+}
+
+/// A decoded frame.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// §1.1
+    Hello(Hello),
+    /// §1.3
+    Open {
+        /// Call id.
+        stream: u32,
+        /// `/package.Service/Method`.
+        path: String,
+        /// Time the caller allows, from when it sent OPEN.
+        timeout: Option<Duration>,
+        /// Request metadata.
+        metadata: HeaderMap,
+        /// No request body follows.
+        end_stream: bool,
+    },
+    /// §1.3
+    Headers {
+        /// Call id.
+        stream: u32,
+        /// Response metadata.
+        metadata: HeaderMap,
+    },
+    /// §1.3
+    Data {
+        /// Call id.
+        stream: u32,
+        /// Body bytes.
+        data: Bytes,
+        /// Sender half-closes.
+        end_stream: bool,
+    },
+    /// §1.3
+    Trailers {
+        /// Call id.
+        stream: u32,
+        /// Trailing metadata, including `grpc-status`.
+        metadata: HeaderMap,
+    },
+    /// §1.3
+    Reset {
+        /// Call id.
+        stream: u32,
+        /// gRPC status code.
+        code: u32,
+        /// Human-readable reason.
+        message: String,
+    },
+    /// §1.4
+    WindowUpdate {
+        /// Call id.
+        stream: u32,
+        /// Bytes of credit returned.
+        increment: u32,
+    },
+    /// §1.6
+    GoAway {
+        /// Highest call id that will still be processed.
+        last_stream: u32,
+        /// gRPC status code explaining why (0 = graceful shutdown).
+        code: u32,
+        /// Reason.
+        message: String,
+    },
+    /// A frame type this version does not know; ignored (§1.2).
+    Unknown(u8),
+}
+
+fn header(buf: &mut BytesMut, kind: u8, flags: u8, stream: u32) {
+    buf.put_u8(kind);
+    buf.put_u8(flags);
+    buf.put_u32(stream);
+}
+
+/// Encodes HELLO.
+pub fn encode_hello(h: &Hello) -> Bytes {
+    let mut b = BytesMut::with_capacity(HEADER_LEN + 18);
+    header(&mut b, kind::HELLO, 0, 0);
+    b.put_u16(h.version);
+    b.put_u32(h.features);
+    b.put_u32(h.max_concurrent_calls);
+    b.put_u32(h.initial_window);
+    b.put_u32(h.max_metadata_bytes);
+    b.freeze()
+}
+
+/// Size a metadata block takes on the wire, and the bytes that count against the limit.
+fn metadata_size(md: &HeaderMap) -> (usize, usize) {
+    let mut wire = 2;
+    let mut counted = 0;
+    for (k, v) in md {
+        wire += 2 + k.as_str().len() + 4 + v.len();
+        counted += k.as_str().len() + v.len();
+    }
+    (wire, counted)
+}
+
+/// Bytes a metadata map counts against `max_metadata_bytes` (names + values).
+pub fn metadata_bytes(md: &HeaderMap) -> usize {
+    metadata_size(md).1
+}
+
+fn put_metadata(b: &mut BytesMut, md: &HeaderMap) {
+    b.put_u16(md.len() as u16);
+    for (k, v) in md {
+        b.put_u16(k.as_str().len() as u16);
+        b.put_slice(k.as_str().as_bytes());
+        b.put_u32(v.len() as u32);
+        b.put_slice(v.as_bytes());
+    }
+}
+
+fn put_string(b: &mut BytesMut, s: &str) {
+    let s = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    b.put_u16(s.len() as u16);
+    b.put_slice(s);
+}
+
+/// Encodes OPEN. The caller has checked the metadata against the peer's limit.
+pub fn encode_open(
+    stream: u32,
+    path: &str,
+    timeout: Option<Duration>,
+    md: &HeaderMap,
+    end_stream: bool,
+) -> Bytes {
+    let (mdlen, _) = metadata_size(md);
+    let mut b = BytesMut::with_capacity(HEADER_LEN + 8 + 2 + path.len() + mdlen);
+    header(
+        &mut b,
+        kind::OPEN,
+        if end_stream { FLAG_END_STREAM } else { 0 },
+        stream,
+    );
+    let micros = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
+    b.put_u64(micros);
+    put_string(&mut b, path);
+    put_metadata(&mut b, md);
+    b.freeze()
+}
+
+/// Encodes HEADERS or TRAILERS.
+pub fn encode_metadata_frame(kind: u8, stream: u32, md: &HeaderMap) -> Bytes {
+    let (mdlen, _) = metadata_size(md);
+    let mut b = BytesMut::with_capacity(HEADER_LEN + mdlen);
+    header(&mut b, kind, 0, stream);
+    put_metadata(&mut b, md);
+    b.freeze()
+}
+
+/// Encodes DATA (copies `data` behind the header).
+pub fn encode_data(stream: u32, data: &[u8], end_stream: bool) -> Bytes {
+    let mut b = BytesMut::with_capacity(HEADER_LEN + data.len());
+    header(
+        &mut b,
+        kind::DATA,
+        if end_stream { FLAG_END_STREAM } else { 0 },
+        stream,
+    );
+    b.put_slice(data);
+    b.freeze()
+}
+
+/// Encodes RESET.
+pub fn encode_reset(stream: u32, code: u32, message: &str) -> Bytes {
+    let mut b = BytesMut::with_capacity(HEADER_LEN + 6 + message.len());
+    header(&mut b, kind::RESET, 0, stream);
+    b.put_u32(code);
+    put_string(&mut b, message);
+    b.freeze()
+}
+
+/// Encodes WINDOW_UPDATE.
+pub fn encode_window_update(stream: u32, increment: u32) -> Bytes {
+    let mut b = BytesMut::with_capacity(HEADER_LEN + 4);
+    header(&mut b, kind::WINDOW_UPDATE, 0, stream);
+    b.put_u32(increment);
+    b.freeze()
+}
+
+/// Encodes GOAWAY.
+pub fn encode_goaway(last_stream: u32, code: u32, message: &str) -> Bytes {
+    let mut b = BytesMut::with_capacity(HEADER_LEN + 10 + message.len());
+    header(&mut b, kind::GOAWAY, 0, 0);
+    b.put_u32(last_stream);
+    b.put_u32(code);
+    put_string(&mut b, message);
+    b.freeze()
+}
+
+/// Checked reads over a frame's payload.
+struct Reader<'a> {
+    buf: &'a mut Bytes,
+    what: &'static str,
+}
+
+impl Reader<'_> {
+    fn need(&self, n: usize) -> Result<(), FrameError> {
+        if self.buf.remaining() < n {
+            Err(FrameError::Truncated(self.what))
+        } else {
+            Ok(())
+        }
+    }
+    fn u16(&mut self) -> Result<u16, FrameError> {
+        self.need(2)?;
+        Ok(self.buf.get_u16())
+    }
+    fn u32(&mut self) -> Result<u32, FrameError> {
+        self.need(4)?;
+        Ok(self.buf.get_u32())
+    }
+    fn u64(&mut self) -> Result<u64, FrameError> {
+        self.need(8)?;
+        Ok(self.buf.get_u64())
+    }
+    fn bytes(&mut self, n: usize) -> Result<Bytes, FrameError> {
+        self.need(n)?;
+        Ok(self.buf.split_to(n))
+    }
+    fn string(&mut self, what: &'static str) -> Result<String, FrameError> {
+        let n = self.u16()? as usize;
+        let b = self.bytes(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| FrameError::Invalid {
+            what,
+            detail: "not UTF-8".into(),
+        })
+    }
+    fn metadata(&mut self, limits: &DecodeLimits) -> Result<HeaderMap, FrameError> {
+        let count = self.u16()? as usize;
+        let mut md = HeaderMap::with_capacity(count.min(64));
+        let mut total = 0usize;
+        for _ in 0..count {
+            let klen = self.u16()? as usize;
+            total += klen;
+            if total > limits.max_metadata_bytes {
+                return Err(FrameError::MetadataTooLarge {
+                    got: total,
+                    limit: limits.max_metadata_bytes,
+                });
+            }
+            let k = self.bytes(klen)?;
+            let vlen = self.u32()? as usize;
+            total = total.saturating_add(vlen);
+            if total > limits.max_metadata_bytes {
+                return Err(FrameError::MetadataTooLarge {
+                    got: total,
+                    limit: limits.max_metadata_bytes,
+                });
+            }
+            let v = self.bytes(vlen)?;
+            let name = HeaderName::from_bytes(&k).map_err(|_| FrameError::Invalid {
+                what: "metadata name",
+                detail: format!("{:?}", String::from_utf8_lossy(&k)),
+            })?;
+            let value = HeaderValue::from_maybe_shared(v).map_err(|_| FrameError::Invalid {
+                what: "metadata value",
+                detail: format!("for {name}"),
+            })?;
+            md.append(name, value);
+        }
+        Ok(md)
+    }
+}
+
+/// Decodes one frame. Never panics; see [`FrameError`].
+pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameError> {
+    if frame.len() < HEADER_LEN {
+        return Err(FrameError::Truncated("frame header"));
+    }
+    let kind = frame.get_u8();
+    let flags = frame.get_u8();
+    let stream = frame.get_u32();
+    let end_stream = flags & FLAG_END_STREAM != 0;
+    let nonzero = |what: &'static str| -> Result<(), FrameError> {
+        if stream == 0 {
+            Err(FrameError::Invalid {
+                what,
+                detail: "stream id 0".into(),
+            })
+        } else {
+            Ok(())
+        }
+    };
+    let mut r = Reader {
+        buf: &mut frame,
+        what: "",
+    };
+    let f = match kind {
+        kind::HELLO => {
+            r.what = "HELLO";
+            Frame::Hello(Hello {
+                version: r.u16()?,
+                features: r.u32()?,
+                max_concurrent_calls: r.u32()?,
+                initial_window: r.u32()?,
+                max_metadata_bytes: r.u32()?,
+            })
+        }
+        kind::OPEN => {
+            r.what = "OPEN";
+            nonzero("OPEN")?;
+            let micros = r.u64()?;
+            let path = r.string("method path")?;
+            if !path.starts_with('/') {
+                return Err(FrameError::Invalid {
+                    what: "method path",
+                    detail: format!("{path:?} does not start with '/'"),
+                });
+            }
+            let metadata = r.metadata(limits)?;
+            Frame::Open {
+                stream,
+                path,
+                timeout: (micros != 0).then(|| Duration::from_micros(micros)),
+                metadata,
+                end_stream,
+            }
+        }
+        kind::HEADERS | kind::TRAILERS => {
+            r.what = if kind == kind::HEADERS {
+                "HEADERS"
+            } else {
+                "TRAILERS"
+            };
+            nonzero(r.what)?;
+            let metadata = r.metadata(limits)?;
+            if kind == kind::HEADERS {
+                Frame::Headers { stream, metadata }
+            } else {
+                Frame::Trailers { stream, metadata }
+            }
+        }
+        kind::DATA => {
+            nonzero("DATA")?;
+            Frame::Data {
+                stream,
+                data: std::mem::take(r.buf),
+                end_stream,
+            }
+        }
+        kind::RESET => {
+            r.what = "RESET";
+            nonzero("RESET")?;
+            Frame::Reset {
+                stream,
+                code: r.u32()?,
+                message: r.string("reset message")?,
+            }
+        }
+        kind::WINDOW_UPDATE => {
+            r.what = "WINDOW_UPDATE";
+            nonzero("WINDOW_UPDATE")?;
+            let increment = r.u32()?;
+            if increment == 0 {
+                return Err(FrameError::Invalid {
+                    what: "window increment",
+                    detail: "0".into(),
+                });
+            }
+            Frame::WindowUpdate { stream, increment }
+        }
+        kind::GOAWAY => {
+            r.what = "GOAWAY";
+            Frame::GoAway {
+                last_stream: r.u32()?,
+                code: r.u32()?,
+                message: r.string("goaway message")?,
+            }
+        }
+        other => Frame::Unknown(other),
+    };
+    Ok(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const LIM: DecodeLimits = DecodeLimits {
+        max_metadata_bytes: 16 * 1024,
+    };
+
+    #[test]
+    fn open_round_trip() {
+        let mut md = HeaderMap::new();
+        md.insert("x-user", "alice".parse().unwrap());
+        md.append("x-user", "bob".parse().unwrap());
+        md.insert("trace-bin", HeaderValue::from_bytes(b"\x00\x01").unwrap());
+        let b = encode_open(7, "/helloworld.Greeter/SayHello", Some(Duration::from_millis(1500)), &md, false);
+        match decode(b, &LIM).unwrap() {
+            Frame::Open { stream, path, timeout, metadata, end_stream } => {
+                assert_eq!(stream, 7);
+                assert_eq!(path, "/helloworld.Greeter/SayHello");
+                assert_eq!(timeout, Some(Duration::from_millis(1500)));
+                assert_eq!(metadata, md);
+                assert!(!end_stream);
+            }
+            f => panic!("decoded {f:?}"),
+        }
+    }
+
+    #[test]
+    fn control_frames_round_trip() {
+        let h = Hello { version: 1, features: 3, max_concurrent_calls: 100, initial_window: 1 << 20, max_metadata_bytes: 8192 };
+        assert_eq!(decode(encode_hello(&h), &LIM).unwrap(), Frame::Hello(h));
+        assert_eq!(
+            decode(encode_reset(5, 1, "cancelled by client"), &LIM).unwrap(),
+            Frame::Reset { stream: 5, code: 1, message: "cancelled by client".into() }
+        );
+        assert_eq!(
+            decode(encode_window_update(9, 4096), &LIM).unwrap(),
+            Frame::WindowUpdate { stream: 9, increment: 4096 }
+        );
+        assert_eq!(
+            decode(encode_goaway(11, 0, "shutdown"), &LIM).unwrap(),
+            Frame::GoAway { last_stream: 11, code: 0, message: "shutdown".into() }
+        );
+        assert_eq!(
+            decode(encode_data(3, b"abc", true), &LIM).unwrap(),
+            Frame::Data { stream: 3, data: Bytes::from_static(b"abc"), end_stream: true }
+        );
+    }
+
+    #[test]
+    fn metadata_over_limit_is_rejected() {
+        let mut md = HeaderMap::new();
+        md.insert("x-big", HeaderValue::from_str(&"a".repeat(20_000)).unwrap());
+        let b = encode_metadata_frame(kind::HEADERS, 1, &md);
+        assert!(matches!(decode(b, &LIM), Err(FrameError::MetadataTooLarge { .. })));
+    }
+
+    #[test]
+    fn stream_zero_and_bad_path_rejected() {
+        assert!(decode(encode_data(0, b"x", false), &LIM).is_err());
+        let b = encode_open(1, "no-slash", None, &HeaderMap::new(), false);
+        assert!(decode(b, &LIM).is_err());
+        assert!(decode(encode_window_update(1, 0), &LIM).is_err());
+    }
+
+    proptest! {
+        /// Any byte string decodes to a frame or an error, never a panic,
+        /// and every truncation of a valid frame is handled.
+        #[test]
+        fn decode_never_panics(data in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(Bytes::from(data), &LIM);
+        }
+
+        #[test]
+        fn truncated_open_is_an_error(cut in 0usize..60) {
+            let mut md = HeaderMap::new();
+            md.insert("x-k", "v".parse().unwrap());
+            let full = encode_open(1, "/a.B/C", None, &md, false);
+            if cut < full.len() {
+                let _ = decode(full.slice(..cut), &LIM);
+            }
+        }
+    }
+}

@@ -1,0 +1,671 @@
+//! One multiplexed call-protocol connection (`docs/wire-protocol.md` part 1).
+//!
+//! A [`Session`] owns two tasks per connection: a *writer* that drains one
+//! queue of encoded frames into the [`FrameSender`], and a *reader* that
+//! decodes frames and dispatches them to per-call queues. The reader never
+//! waits on an application: per-call queues are bounded by the receive window
+//! granted to the peer (§1.4), so a slow call cannot stall the others.
+
+use crate::conn::{Connection, FrameReceiver, FrameSender};
+use crate::frame::{self, DecodeLimits, Frame, FrameError, Hello};
+use crate::window::SendWindow;
+use crate::{ConnInfo, SessionConfig};
+use bytes::Bytes;
+use http::HeaderMap;
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tonic::{Code, Status};
+
+/// Bytes of DATA that may wait in the outgoing queue of one connection.
+const OUT_QUEUE_BYTES: usize = 32 << 20;
+
+/// What the reader hands a call.
+#[derive(Debug)]
+pub(crate) enum Inbound {
+    Headers(HeaderMap),
+    Data(Bytes),
+    /// The peer half-closed (request side) after its last DATA.
+    End,
+    Trailers(HeaderMap),
+    Reset(Status),
+}
+
+/// A new call the peer opened (server side).
+pub(crate) struct OpenCall {
+    pub(crate) stream: u32,
+    pub(crate) path: String,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) metadata: HeaderMap,
+    pub(crate) inbound: mpsc::UnboundedReceiver<Inbound>,
+    pub(crate) window: Arc<SendWindow>,
+}
+
+/// Server hook: called by the reader for each OPEN; must not block.
+pub(crate) type Acceptor = Arc<dyn Fn(Arc<Shared>, OpenCall) -> Option<tokio::task::AbortHandle> + Send + Sync>;
+
+#[derive(Debug)]
+struct StreamEntry {
+    inbound: mpsc::UnboundedSender<Inbound>,
+    window: Arc<SendWindow>,
+    /// DATA bytes the peer may still send before we grant more.
+    recv_window: i64,
+    /// Server: the handler task, aborted on RESET or connection loss.
+    handler: Option<tokio::task::AbortHandle>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    streams: HashMap<u32, StreamEntry>,
+    next_stream: u32,
+    /// Highest stream the peer opened (server side).
+    last_peer_stream: u32,
+    /// GOAWAY received: no new calls on this session.
+    goaway: bool,
+    /// GOAWAY sent (server draining).
+    draining: bool,
+    closed: Option<Status>,
+}
+
+/// State shared by the session's tasks and its calls.
+pub(crate) struct Shared {
+    pub(crate) info: ConnInfo,
+    pub(crate) config: SessionConfig,
+    pub(crate) peer: Hello,
+    /// Largest DATA payload per frame.
+    pub(crate) max_data: usize,
+    out: mpsc::UnboundedSender<(Bytes, u32)>,
+    out_budget: Arc<Semaphore>,
+    /// Client: one permit per call the peer accepts at once.
+    pub(crate) call_permits: Arc<Semaphore>,
+    state: Mutex<State>,
+    /// Signalled when the session closes or the stream map empties.
+    changed: Notify,
+    shutdown: Notify,
+    shut: AtomicBool,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn io_status(what: &str, info: &ConnInfo, e: &io::Error) -> Status {
+    Status::unavailable(format!(
+        "{what} {} connection to {}: {e}",
+        info.transport,
+        info.peer.map_or_else(|| "peer".to_string(), |p| p.to_string())
+    ))
+}
+
+/// Handshake (§1.1): both sides send HELLO first, then wait for the peer's.
+async fn handshake<S: FrameSender, R: FrameReceiver>(
+    tx: &mut S,
+    rx: &mut R,
+    config: &SessionConfig,
+) -> Result<Hello, Status> {
+    let ours = Hello {
+        version: frame::PROTOCOL_VERSION,
+        features: 0,
+        max_concurrent_calls: config.max_concurrent_calls,
+        initial_window: config.initial_window,
+        max_metadata_bytes: config.max_metadata_bytes,
+    };
+    let work = async {
+        tx.send(frame::encode_hello(&ours))
+            .await
+            .map_err(|e| Status::unavailable(format!("sending HELLO: {e}")))?;
+        let first = rx
+            .recv()
+            .await
+            .map_err(|e| Status::unavailable(format!("waiting for the peer's HELLO: {e}")))?
+            .ok_or_else(|| Status::unavailable("peer closed the connection during the handshake"))?;
+        let limits = DecodeLimits {
+            max_metadata_bytes: config.max_metadata_bytes as usize,
+        };
+        match frame::decode(first, &limits) {
+            Ok(Frame::Hello(h)) if h.version == frame::PROTOCOL_VERSION => Ok(h),
+            Ok(Frame::Hello(h)) => Err(Status::unavailable(format!(
+                "peer speaks call-protocol version {}, this side {}",
+                h.version,
+                frame::PROTOCOL_VERSION
+            ))),
+            Ok(other) => Err(Status::unavailable(format!(
+                "protocol error: expected HELLO, got {other:?}"
+            ))),
+            Err(e) => Err(Status::unavailable(format!("protocol error in HELLO: {e}"))),
+        }
+    };
+    tokio::time::timeout(config.handshake_timeout, work)
+        .await
+        .map_err(|_| {
+            Status::unavailable(format!(
+                "call-protocol handshake timed out after {:?}",
+                config.handshake_timeout
+            ))
+        })?
+}
+
+/// Runs the handshake and starts the session's tasks.
+pub(crate) async fn start<C: Connection>(
+    conn: C,
+    info: ConnInfo,
+    config: SessionConfig,
+    acceptor: Option<Acceptor>,
+) -> Result<Arc<Shared>, Status> {
+    let (mut tx, mut rx) = conn.split();
+    let peer = match handshake(&mut tx, &mut rx, &config).await {
+        Ok(p) => p,
+        Err(e) => {
+            tx.close().await;
+            return Err(e);
+        }
+    };
+    let max_data = tx
+        .max_frame_len()
+        .saturating_sub(frame::HEADER_LEN)
+        .min(config.max_data_frame)
+        .max(1);
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let permits = peer.max_concurrent_calls.clamp(1, 1 << 20) as usize;
+    let shared = Arc::new(Shared {
+        info,
+        config,
+        peer,
+        max_data,
+        out: out_tx,
+        out_budget: Arc::new(Semaphore::new(OUT_QUEUE_BYTES)),
+        call_permits: Arc::new(Semaphore::new(permits)),
+        state: Mutex::new(State {
+            next_stream: 1,
+            ..State::default()
+        }),
+        changed: Notify::new(),
+        shutdown: Notify::new(),
+        shut: AtomicBool::new(false),
+    });
+    tokio::spawn(writer(tx, out_rx, shared.clone()));
+    tokio::spawn(reader(rx, shared.clone(), acceptor));
+    Ok(shared)
+}
+
+async fn writer<S: FrameSender>(
+    mut tx: S,
+    mut out: mpsc::UnboundedReceiver<(Bytes, u32)>,
+    shared: Arc<Shared>,
+) {
+    loop {
+        let item = tokio::select! {
+            biased;
+            item = out.recv() => item,
+            _ = shared.shutdown.notified() => None,
+        };
+        let Some((frame, budget)) = item else { break };
+        let r = tx.send(frame).await;
+        if budget > 0 {
+            shared.out_budget.add_permits(budget as usize);
+        }
+        if let Err(e) = r {
+            shared.fail(io_status("lost the", &shared.info, &e));
+            break;
+        }
+        if shared.shut.load(Ordering::Acquire) && out.is_empty() {
+            break;
+        }
+    }
+    tx.close().await;
+}
+
+async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Option<Acceptor>) {
+    let limits = DecodeLimits {
+        max_metadata_bytes: shared.config.max_metadata_bytes as usize,
+    };
+    let status = loop {
+        let next = tokio::select! {
+            r = rx.recv() => r,
+            _ = shared.shutdown.notified() => break Status::unavailable("connection closed by this side"),
+        };
+        let bytes = match next {
+            Ok(Some(b)) => b,
+            Ok(None) => break Status::unavailable(format!(
+                "{} connection closed by the peer {}",
+                shared.info.transport,
+                shared.info.peer.map_or_else(String::new, |p| p.to_string())
+            )),
+            Err(e) => break io_status("lost the", &shared.info, &e),
+        };
+        match frame::decode(bytes, &limits) {
+            Ok(f) => {
+                if let Err(e) = shared.dispatch(f, acceptor.as_ref()) {
+                    tracing::warn!(peer = ?shared.info.peer, "closing connection: {e}");
+                    shared.send_ctrl(frame::encode_goaway(0, Code::Internal as u32, &e));
+                    break Status::internal(format!("peer violated the call protocol: {e}"));
+                }
+            }
+            Err(FrameError::MetadataTooLarge { got, limit }) => {
+                // Only this call is at fault; the frame boundary is intact (§1.5).
+                tracing::debug!("metadata of {got} bytes over {limit}");
+                // The stream id sits at bytes 2..6 of the frame, which decode() consumed;
+                // we cannot recover it here, so close the connection as a protocol error.
+                break Status::resource_exhausted(format!(
+                    "peer sent metadata of {got} bytes, over the limit of {limit} bytes"
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(peer = ?shared.info.peer, "closing connection: malformed frame: {e}");
+                shared.send_ctrl(frame::encode_goaway(0, Code::Internal as u32, &e.to_string()));
+                break Status::internal(format!("malformed frame from peer: {e}"));
+            }
+        }
+    };
+    shared.fail(status);
+}
+
+impl Shared {
+    /// Queues a control frame (not subject to the DATA budget).
+    pub(crate) fn send_ctrl(&self, frame: Bytes) {
+        let _ = self.out.send((frame, 0));
+    }
+
+    /// Queues a DATA frame after taking its bytes from the queue budget.
+    async fn send_data(&self, frame: Bytes, n: usize) -> Result<(), Status> {
+        let n32 = n.min(OUT_QUEUE_BYTES) as u32;
+        if n32 > 0 {
+            self.out_budget
+                .acquire_many(n32)
+                .await
+                .map_err(|_| Status::unavailable("connection closed"))?
+                .forget();
+        }
+        self.out
+            .send((frame, n32))
+            .map_err(|_| self.closed_status())
+    }
+
+    pub(crate) fn closed_status(&self) -> Status {
+        lock(&self.state)
+            .closed
+            .clone()
+            .unwrap_or_else(|| Status::unavailable("connection closed"))
+    }
+
+    /// True when no new call may start on this session.
+    pub(crate) fn is_unusable(&self) -> bool {
+        let s = lock(&self.state);
+        s.closed.is_some() || s.goaway
+    }
+
+    /// Closes the session: every call fails with `status`, handlers are cancelled.
+    pub(crate) fn fail(&self, status: Status) {
+        let streams = {
+            let mut s = lock(&self.state);
+            if s.closed.is_none() {
+                s.closed = Some(status.clone());
+            }
+            std::mem::take(&mut s.streams)
+        };
+        for (_, e) in streams {
+            let _ = e.inbound.send(Inbound::Reset(status.clone()));
+            e.window.close(status.clone());
+            if let Some(h) = e.handler {
+                h.abort();
+            }
+        }
+        self.call_permits.close();
+        self.out_budget.close();
+        self.shut.store(true, Ordering::Release);
+        self.shutdown.notify_waiters();
+        self.changed.notify_waiters();
+    }
+
+    /// Closes the session after the queued frames are written (client side, last handle dropped).
+    pub(crate) fn close_gracefully(&self) {
+        self.fail(Status::unavailable("channel closed"));
+    }
+
+    /// Client: registers a new call and returns its id, inbound queue and send window.
+    pub(crate) fn open_stream(
+        &self,
+    ) -> Result<(u32, mpsc::UnboundedReceiver<Inbound>, Arc<SendWindow>), Status> {
+        let mut s = lock(&self.state);
+        if let Some(st) = &s.closed {
+            return Err(st.clone());
+        }
+        if s.goaway {
+            return Err(Status::unavailable("server is shutting down (GOAWAY received)"));
+        }
+        let id = s.next_stream;
+        s.next_stream = s.next_stream.checked_add(2).ok_or_else(|| {
+            Status::unavailable("stream ids exhausted on this connection; reconnect")
+        })?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let window = Arc::new(SendWindow::new(self.peer.initial_window));
+        s.streams.insert(
+            id,
+            StreamEntry {
+                inbound: tx,
+                window: window.clone(),
+                recv_window: i64::from(self.config.initial_window),
+                handler: None,
+            },
+        );
+        Ok((id, rx, window))
+    }
+
+    /// Removes a call that ended normally (no RESET sent).
+    pub(crate) fn finish_stream(&self, id: u32) {
+        let mut s = lock(&self.state);
+        if let Some(e) = s.streams.remove(&id) {
+            e.window.close(Status::cancelled("call finished"));
+        }
+        if s.streams.is_empty() {
+            drop(s);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Abandons a call: tells the peer with RESET and fails the local side with `status`.
+    pub(crate) fn reset_stream(&self, id: u32, status: Status) {
+        let entry = {
+            let mut s = lock(&self.state);
+            let e = s.streams.remove(&id);
+            if s.streams.is_empty() {
+                self.changed.notify_waiters();
+            }
+            e
+        };
+        if let Some(e) = entry {
+            self.send_ctrl(frame::encode_reset(id, status.code() as u32, status.message()));
+            let _ = e.inbound.send(Inbound::Reset(status.clone()));
+            e.window.close(status);
+            if let Some(h) = e.handler {
+                h.abort();
+            }
+        }
+    }
+
+    /// Sends body bytes of one call, split by window and frame size (§1.4).
+    pub(crate) async fn send_body(
+        &self,
+        id: u32,
+        window: &SendWindow,
+        mut data: Bytes,
+        end_stream: bool,
+    ) -> Result<(), Status> {
+        if data.is_empty() {
+            if end_stream {
+                return self.send_data(frame::encode_data(id, &[], true), 0).await;
+            }
+            return Ok(());
+        }
+        while !data.is_empty() {
+            let n = window.reserve(data.len().min(self.max_data)).await?;
+            let chunk = data.split_to(n);
+            let last = end_stream && data.is_empty();
+            self.send_data(frame::encode_data(id, &chunk, last), n).await?;
+        }
+        Ok(())
+    }
+
+    /// A call consumed `n` DATA bytes: return credit when half the window is used (§1.4).
+    pub(crate) fn consumed(&self, id: u32, pending: &mut u32, n: usize) {
+        *pending = pending.saturating_add(n as u32);
+        if *pending >= self.config.initial_window / 2 {
+            let inc = *pending;
+            *pending = 0;
+            let mut s = lock(&self.state);
+            if let Some(e) = s.streams.get_mut(&id) {
+                e.recv_window += i64::from(inc);
+                drop(s);
+                self.send_ctrl(frame::encode_window_update(id, inc));
+            }
+        }
+    }
+
+    /// Server: starts sending GOAWAY and refuses new calls; returns once the calls drained.
+    pub(crate) async fn drain(&self) {
+        let last = {
+            let mut s = lock(&self.state);
+            s.draining = true;
+            s.last_peer_stream
+        };
+        self.send_ctrl(frame::encode_goaway(last, 0, "server shutting down"));
+        loop {
+            let notified = self.changed.notified();
+            {
+                let s = lock(&self.state);
+                if s.streams.is_empty() || s.closed.is_some() {
+                    break;
+                }
+            }
+            notified.await;
+        }
+        self.fail(Status::unavailable("server shut down"));
+    }
+
+    /// Waits until the session is closed.
+    pub(crate) async fn closed(&self) {
+        loop {
+            let notified = self.changed.notified();
+            if lock(&self.state).closed.is_some() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Routes one decoded frame. An `Err` is a connection-level protocol violation.
+    fn dispatch(self: &Arc<Self>, f: Frame, acceptor: Option<&Acceptor>) -> Result<(), String> {
+        match f {
+            Frame::Hello(_) => return Err("second HELLO".into()),
+            Frame::Open {
+                stream,
+                path,
+                timeout,
+                metadata,
+                end_stream,
+            } => {
+                let Some(acceptor) = acceptor else {
+                    return Err("OPEN sent to a client".into());
+                };
+                let (tx, rx) = mpsc::unbounded_channel();
+                let window = Arc::new(SendWindow::new(self.peer.initial_window));
+                {
+                    let mut s = lock(&self.state);
+                    if stream <= s.last_peer_stream || stream % 2 == 0 {
+                        return Err(format!(
+                            "OPEN with stream id {stream} not above {} (ids must increase)",
+                            s.last_peer_stream
+                        ));
+                    }
+                    s.last_peer_stream = stream;
+                    if s.draining {
+                        drop(s);
+                        self.send_ctrl(frame::encode_reset(
+                            stream,
+                            Code::Unavailable as u32,
+                            "server is shutting down",
+                        ));
+                        return Ok(());
+                    }
+                    if s.streams.len() >= self.config.max_concurrent_calls as usize {
+                        let n = s.streams.len();
+                        drop(s);
+                        self.send_ctrl(frame::encode_reset(
+                            stream,
+                            Code::ResourceExhausted as u32,
+                            &format!(
+                                "too many concurrent calls on this connection ({n}, limit {})",
+                                self.config.max_concurrent_calls
+                            ),
+                        ));
+                        return Ok(());
+                    }
+                    s.streams.insert(
+                        stream,
+                        StreamEntry {
+                            inbound: tx.clone(),
+                            window: window.clone(),
+                            recv_window: i64::from(self.config.initial_window),
+                            handler: None,
+                        },
+                    );
+                }
+                if end_stream {
+                    let _ = tx.send(Inbound::End);
+                }
+                let handle = acceptor(
+                    self.clone(),
+                    OpenCall {
+                        stream,
+                        path,
+                        timeout,
+                        metadata,
+                        inbound: rx,
+                        window,
+                    },
+                );
+                let mut s = lock(&self.state);
+                match (s.streams.get_mut(&stream), handle) {
+                    (Some(e), h) => e.handler = h,
+                    (None, Some(h)) => h.abort(),
+                    (None, None) => {}
+                }
+            }
+            Frame::Headers { stream, metadata } => {
+                self.deliver(stream, Inbound::Headers(metadata), false);
+            }
+            Frame::Trailers { stream, metadata } => {
+                self.deliver(stream, Inbound::Trailers(metadata), true);
+            }
+            Frame::Data {
+                stream,
+                data,
+                end_stream,
+            } => {
+                let mut s = lock(&self.state);
+                if let Some(e) = s.streams.get_mut(&stream) {
+                    e.recv_window -= data.len() as i64;
+                    if e.recv_window < 0 {
+                        return Err(format!(
+                            "DATA on stream {stream} exceeds the flow-control window by {} bytes",
+                            -e.recv_window
+                        ));
+                    }
+                    if !data.is_empty() {
+                        let _ = e.inbound.send(Inbound::Data(data));
+                    }
+                    if end_stream {
+                        let _ = e.inbound.send(Inbound::End);
+                    }
+                }
+                // DATA for a finished call is dropped (§1.3).
+            }
+            Frame::Reset {
+                stream,
+                code,
+                message,
+            } => {
+                let entry = {
+                    let mut s = lock(&self.state);
+                    let e = s.streams.remove(&stream);
+                    if s.streams.is_empty() {
+                        self.changed.notify_waiters();
+                    }
+                    e
+                };
+                if let Some(e) = entry {
+                    let status = Status::new(Code::from_i32(code as i32), message);
+                    let _ = e.inbound.send(Inbound::Reset(status.clone()));
+                    e.window.close(status);
+                    if let Some(h) = e.handler {
+                        h.abort();
+                    }
+                }
+            }
+            Frame::WindowUpdate { stream, increment } => {
+                let s = lock(&self.state);
+                if let Some(e) = s.streams.get(&stream) {
+                    e.window.grant(increment)?;
+                }
+            }
+            Frame::GoAway {
+                last_stream,
+                code,
+                message,
+            } => {
+                let doomed: Vec<u32> = {
+                    let mut s = lock(&self.state);
+                    s.goaway = true;
+                    s.streams
+                        .keys()
+                        .copied()
+                        .filter(|id| *id > last_stream && acceptor.is_none())
+                        .collect()
+                };
+                tracing::debug!(code, %message, "GOAWAY from peer");
+                for id in doomed {
+                    let status = Status::unavailable(format!("server went away: {message}"));
+                    if let Some(e) = lock(&self.state).streams.remove(&id) {
+                        let _ = e.inbound.send(Inbound::Reset(status.clone()));
+                        e.window.close(status);
+                    }
+                }
+                self.changed.notify_waiters();
+            }
+            Frame::Unknown(k) => tracing::trace!("ignoring unknown frame type {k:#x}"),
+        }
+        Ok(())
+    }
+
+    fn deliver(&self, stream: u32, msg: Inbound, last: bool) {
+        let mut s = lock(&self.state);
+        let target = if last {
+            s.streams.remove(&stream).map(|e| (e.inbound, Some(e.window)))
+        } else {
+            s.streams.get(&stream).map(|e| (e.inbound.clone(), None))
+        };
+        let empty = s.streams.is_empty();
+        drop(s);
+        if let Some((inbound, window)) = target {
+            let _ = inbound.send(msg);
+            if let Some(w) = window {
+                w.close(Status::cancelled("call finished"));
+            }
+        }
+        if empty {
+            self.changed.notify_waiters();
+        }
+    }
+}
+
+/// Keeps the client side of a call registered; dropping it before the call
+/// ended resets the call (client cancellation, §1.3).
+#[derive(Debug)]
+pub(crate) struct CallGuard {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) stream: u32,
+    pub(crate) done: bool,
+    pub(crate) _permit: Option<OwnedSemaphorePermit>,
+    pub(crate) timer: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        if let Some(t) = self.timer.take() {
+            t.abort();
+        }
+        if !self.done {
+            self.shared
+                .reset_stream(self.stream, Status::cancelled("call cancelled by the client"));
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Per-call send window (`docs/wire-protocol.md` §1.4).
+//!
+//! A small value type in the style of h2's `FlowControl`: checked arithmetic,
+//! a protocol error on overflow, never a wrap.
+
+use std::sync::Mutex;
+use tokio::sync::Notify;
+use tonic::Status;
+
+/// Largest window a peer may grant (2^31 - 1, as in HTTP/2).
+pub const MAX_WINDOW: i64 = (1 << 31) - 1;
+
+#[derive(Debug)]
+struct State {
+    avail: i64,
+    closed: Option<Status>,
+}
+
+/// Bytes of DATA the local side may still send on one call.
+#[derive(Debug)]
+pub(crate) struct SendWindow {
+    state: Mutex<State>,
+    notify: Notify,
+}
+
+impl SendWindow {
+    pub(crate) fn new(initial: u32) -> Self {
+        SendWindow {
+            state: Mutex::new(State {
+                avail: i64::from(initial),
+                closed: None,
+            }),
+            notify: Notify::new(),
+        }
+    }
+
+    /// Waits until some window is open and takes up to `want` bytes of it.
+    /// Fails once the call is closed.
+    pub(crate) async fn reserve(&self, want: usize) -> Result<usize, Status> {
+        loop {
+            let notified = self.notify.notified();
+            {
+                let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(st) = &s.closed {
+                    return Err(st.clone());
+                }
+                if want == 0 {
+                    return Ok(0);
+                }
+                if s.avail > 0 {
+                    let n = (s.avail as usize).min(want);
+                    s.avail -= n as i64;
+                    return Ok(n);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Adds credit from a WINDOW_UPDATE. Errors if the window would exceed [`MAX_WINDOW`].
+    pub(crate) fn grant(&self, inc: u32) -> Result<(), String> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let next = s.avail + i64::from(inc);
+        if next > MAX_WINDOW {
+            return Err(format!("window update of {inc} overflows the window ({} + {inc})", s.avail));
+        }
+        s.avail = next;
+        drop(s);
+        self.notify.notify_waiters();
+        Ok(())
+    }
+
+    /// Closes the window: pending and future `reserve` calls fail with `status`.
+    pub(crate) fn close(&self, status: Status) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.closed.is_none() {
+            s.closed = Some(status);
+        }
+        drop(s);
+        self.notify.notify_waiters();
+    }
+
+    /// The status the window was closed with, if any.
+    pub(crate) fn closed(&self) -> Option<Status> {
+        self.state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .closed
+            .clone()
+    }
+
+    /// Waits until the window is closed.
+    pub(crate) async fn wait_closed(&self) -> Status {
+        loop {
+            let notified = self.notify.notified();
+            if let Some(s) = self.closed() {
+                return s;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn reserve_waits_for_grant_and_never_exceeds() {
+        let w = Arc::new(SendWindow::new(10));
+        assert_eq!(w.reserve(4).await.unwrap(), 4);
+        assert_eq!(w.reserve(100).await.unwrap(), 6);
+        let w2 = w.clone();
+        let t = tokio::spawn(async move { w2.reserve(5).await });
+        tokio::task::yield_now().await;
+        assert!(!t.is_finished());
+        w.grant(3).unwrap();
+        assert_eq!(t.await.unwrap().unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn close_wakes_waiters_and_overflow_is_an_error() {
+        let w = Arc::new(SendWindow::new(0));
+        let w2 = w.clone();
+        let t = tokio::spawn(async move { w2.reserve(5).await });
+        tokio::task::yield_now().await;
+        w.close(Status::cancelled("gone"));
+        assert_eq!(t.await.unwrap().unwrap_err().code(), tonic::Code::Cancelled);
+        let w = SendWindow::new(u32::MAX >> 1);
+        assert!(w.grant(10).is_err());
+    }
+}
