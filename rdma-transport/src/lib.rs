@@ -1,3 +1,47 @@
-//! RDMA transport (work in progress)
+//! RDMA messaging transport for the gRPC-over-RDMA framework.
+//!
+//! * connection setup with rdma_cm ([`Listener`], [`connect`]),
+//! * small messages by SEND into pre-posted receive buffers with
+//!   credit-based flow control, large ones by RDMA WRITE into buffers the
+//!   peer advertised (rendezvous), see `docs/wire-protocol-rdma.md`,
+//! * a per-connection driver task owning all verbs resources and registered
+//!   memory (`docs/buffer-ownership.md`); the API halves talk to it through
+//!   channels, so dropping a future never frees memory the NIC may touch.
+//!
+//! `unsafe` code lives only in the `verbs` module tree and `mem`.
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![warn(missing_docs)]
+
+mod config;
+mod conn;
 pub mod engine;
+mod error;
+mod mem;
+mod stats;
+mod verbs;
+
+pub use config::Config;
+pub use conn::{connect, Connection, Listener, RecvHalf, SendHalf};
+pub use error::{Errno, Error};
+pub use stats::{ConnStats, StatsSnapshot};
+
+/// An RDMA device found by [`devices`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// Device name, e.g. `rxe0`, `mlx5_0`, `siw0`.
+    pub name: String,
+    /// Node GUID (host order).
+    pub guid: u64,
+    /// "InfiniBand/RoCE", "iWARP" or "other".
+    pub transport: &'static str,
+}
+
+/// Lists RDMA devices; `Ok(empty)` when the kernel has no RDMA support.
+pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
+    verbs::devices()
+}
+
+/// Process-wide counters (all connections, including closed ones).
+pub fn global_stats() -> StatsSnapshot {
+    stats::GLOBAL.snapshot()
+}

@@ -230,6 +230,8 @@ pub struct Engine {
     rdv_peer_held: u32,
     reasm: Option<Reassembly>,
     peer_closed: bool,
+    wait_first_recv: bool,
+    force_credit: bool,
     // --- outputs ---
     actions: Vec<Action>,
     events: VecDeque<Event>,
@@ -264,6 +266,8 @@ impl Engine {
             rdv_peer_held: cfg.rdv_count,
             reasm: None,
             peer_closed: false,
+            wait_first_recv: false,
+            force_credit: false,
             actions: Vec::new(),
             events: VecDeque::new(),
             counters: EngineCounters::default(),
@@ -276,6 +280,17 @@ impl Engine {
             });
         }
         e
+    }
+
+    /// Passive side (§2.3): send nothing until the first message from the
+    /// active side arrived (iWARP requires the active side to send first).
+    pub fn set_wait_first_recv(&mut self) {
+        self.wait_first_recv = true;
+    }
+
+    /// Active side (§2.3): send a CREDIT message as the first message.
+    pub fn send_initial_credit(&mut self) {
+        self.force_credit = true;
     }
 
     /// The configuration.
@@ -405,6 +420,7 @@ impl Engine {
         if len > self.cfg.recv_slot_bytes {
             return Self::proto(format!("receive of {len} bytes exceeds slot"));
         }
+        self.wait_first_recv = false;
         let data = &bufs.recv_slot(slot)[..len];
         let h = Header::decode(data).map_err(EngineError::Protocol)?;
         // §4.2: credits returned by the peer.
@@ -578,6 +594,9 @@ impl Engine {
     /// Posts whatever credits, slots and rendezvous buffers allow (§4.2, §5.2),
     /// then an explicit credit message if one is due (§4.3).
     pub fn progress<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
+        if self.wait_first_recv {
+            return;
+        }
         // Data needs 2 credits and 2 free send slots: one of each stays
         // reserved for credit messages so returns can never deadlock (§4.3).
         loop {
@@ -663,11 +682,13 @@ impl Engine {
         let half = (self.cfg.recv_slots / 2).max(1);
         let due = self.owed_data >= half
             || self.owed_total >= half
-            || self.rdv_owed > 0;
+            || self.rdv_owed > 0
+            || self.force_credit;
         if due && self.credits >= 1 && !self.free_send.is_empty() && self.sq_room(1) {
             let h = Header::new(Kind::Credit);
             self.post_send_slot(bufs, h, &[], false);
             self.counters.credit_msgs += 1;
+            self.force_credit = false;
         }
     }
 }

@@ -1,0 +1,111 @@
+//! Configuration with documented defaults.
+
+use std::time::Duration;
+
+use crate::engine::wire::HDR_LEN;
+use crate::error::Error;
+
+/// Per-connection (and a few process-wide) limits and tunables.
+///
+/// Registered memory per connection is
+/// `recv_slots * recv_slot_bytes + send_slots * recv_slot_bytes
+///  + 2 * rendezvous_buffers * rendezvous_buffer_bytes`
+/// (receive ring, send ring, advertised rendezvous region, staging region):
+/// 5 MiB with the defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Receive buffers pre-posted per connection = initial credits of the
+    /// peer. Default 64. Range 4..=4096.
+    pub recv_slots: u32,
+    /// Bytes per receive (and send) slot, 32-byte header included.
+    /// Default 8192. Minimum 64.
+    pub recv_slot_bytes: usize,
+    /// Send slots per connection. Default 64. Minimum 4.
+    pub send_slots: u32,
+    /// Payloads larger than this go by RDMA WRITE rendezvous; smaller or
+    /// equal ones by a single SEND. Capped at `recv_slot_bytes - 32` (and the
+    /// peer's slot size). Default 4096.
+    pub rendezvous_threshold_bytes: usize,
+    /// Bytes per rendezvous buffer (= maximum chunk). Default 256 KiB. Min 4096.
+    pub rendezvous_buffer_bytes: usize,
+    /// Rendezvous buffers advertised to the peer (and as many local staging
+    /// buffers). Default 8. Range 1..=4096.
+    pub rendezvous_buffers: u32,
+    /// Largest message accepted (and sent). Default 1 GiB.
+    pub max_message_bytes: usize,
+    /// Requested `max_inline_data`; the device may grant less (0 disables
+    /// inline). Default 128.
+    pub max_inline_bytes: u32,
+    /// Request a send completion at least every k-th work request
+    /// (selective signalling). Default 16; clamped to `send_slots / 2`.
+    pub signal_every: u32,
+    /// Busy-poll the CQ for this long before arming the completion channel
+    /// and sleeping. Default 20 µs (0 disables).
+    pub busy_poll: Duration,
+    /// Timeout of `rdma_resolve_addr` and of `rdma_resolve_route`. Default 2 s.
+    pub resolve_timeout: Duration,
+    /// Timeout of the connect / accept handshake. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Messages the driver queues before `SendHalf::send` waits
+    /// (back-pressure). Default 8.
+    pub send_queue_messages: usize,
+    /// Process-wide cap on registered memory (all connections). Default 4 GiB.
+    pub global_max_registered_bytes: usize,
+    /// `rdma_listen` backlog. Default 128.
+    pub listen_backlog: i32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            recv_slots: 64,
+            recv_slot_bytes: 8192,
+            send_slots: 64,
+            rendezvous_threshold_bytes: 4096,
+            rendezvous_buffer_bytes: 256 * 1024,
+            rendezvous_buffers: 8,
+            max_message_bytes: 1 << 30,
+            max_inline_bytes: 128,
+            signal_every: 16,
+            busy_poll: Duration::from_micros(20),
+            resolve_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            send_queue_messages: 8,
+            global_max_registered_bytes: 4 << 30,
+            listen_backlog: 128,
+        }
+    }
+}
+
+impl Config {
+    /// Checks ranges; called by `connect` and `Listener::bind`.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: &str| Err(Error::Config(m.to_string()));
+        if !(4..=4096).contains(&self.recv_slots) {
+            return bad("recv_slots must be in 4..=4096");
+        }
+        if self.recv_slot_bytes < HDR_LEN + 32 || self.recv_slot_bytes > (1 << 24) {
+            return bad("recv_slot_bytes must be in 64..=16 MiB");
+        }
+        if !(4..=16384).contains(&self.send_slots) {
+            return bad("send_slots must be in 4..=16384");
+        }
+        if self.rendezvous_buffer_bytes < 4096 || self.rendezvous_buffer_bytes > (1 << 30) {
+            return bad("rendezvous_buffer_bytes must be in 4096..=1 GiB");
+        }
+        if !(1..=4096).contains(&self.rendezvous_buffers) {
+            return bad("rendezvous_buffers must be in 1..=4096");
+        }
+        if self.max_message_bytes > (1 << 40) {
+            return bad("max_message_bytes too large");
+        }
+        if self.send_queue_messages == 0 {
+            return bad("send_queue_messages must be >= 1");
+        }
+        Ok(())
+    }
+
+    pub(crate) fn signal_every_eff(&self) -> u32 {
+        self.signal_every.clamp(1, (self.send_slots / 2).max(1))
+    }
+}

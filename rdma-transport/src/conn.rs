@@ -1,0 +1,789 @@
+//! Connection setup over rdma_cm (§2) and the per-connection driver task
+//! (§8) that owns the QP, CQ, registered memory and the engine.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rdma_sys::rdma_cm_event_type as ev;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::Config;
+use crate::engine::wire::{Hello, VERSION};
+use crate::engine::{
+    Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
+};
+use crate::error::{Errno, Error};
+use crate::mem::{ConnMemory, PoolSizes};
+use crate::stats::ConnStats;
+use crate::verbs::cm::{CmEvent, CmId, EventChannel};
+use crate::verbs::{async_fd, CompChannel, Cq, FdOwner, Pd, Qp, Wc};
+
+/// IBV_WC_WR_FLUSH_ERR
+const WC_FLUSH_ERR: u32 = 5;
+
+type CmFd = AsyncFd<FdOwner<EventChannel>>;
+type CqFd = AsyncFd<FdOwner<Cq>>;
+
+fn io_err(verb: &'static str, e: std::io::Error) -> Error {
+    Error::Verb {
+        verb,
+        errno: Errno(e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+/// Waits for the next cm event on a non-blocking channel.
+async fn next_event(chan: &Arc<EventChannel>, afd: &CmFd) -> Result<CmEvent, Error> {
+    loop {
+        if let Some(e) = chan.try_get()? {
+            return Ok(e);
+        }
+        let mut g = afd
+            .readable()
+            .await
+            .map_err(|e| io_err("AsyncFd(cm)", e))?;
+        match chan.try_get()? {
+            Some(e) => return Ok(e),
+            None => g.clear_ready(),
+        }
+    }
+}
+
+fn event_name(k: u32) -> &'static str {
+    match k {
+        ev::RDMA_CM_EVENT_ADDR_RESOLVED => "ADDR_RESOLVED",
+        ev::RDMA_CM_EVENT_ADDR_ERROR => "ADDR_ERROR",
+        ev::RDMA_CM_EVENT_ROUTE_RESOLVED => "ROUTE_RESOLVED",
+        ev::RDMA_CM_EVENT_ROUTE_ERROR => "ROUTE_ERROR",
+        ev::RDMA_CM_EVENT_CONNECT_REQUEST => "CONNECT_REQUEST",
+        ev::RDMA_CM_EVENT_CONNECT_ERROR => "CONNECT_ERROR",
+        ev::RDMA_CM_EVENT_UNREACHABLE => "UNREACHABLE",
+        ev::RDMA_CM_EVENT_REJECTED => "REJECTED",
+        ev::RDMA_CM_EVENT_ESTABLISHED => "ESTABLISHED",
+        ev::RDMA_CM_EVENT_DISCONNECTED => "DISCONNECTED",
+        ev::RDMA_CM_EVENT_DEVICE_REMOVAL => "DEVICE_REMOVAL",
+        ev::RDMA_CM_EVENT_TIMEWAIT_EXIT => "TIMEWAIT_EXIT",
+        _ => "other",
+    }
+}
+
+fn status_text(status: i32) -> String {
+    if status < 0 {
+        format!("{}", Errno(-status))
+    } else {
+        format!("status {status}")
+    }
+}
+
+/// Verbs resources of one connection before the driver starts.
+struct Resources {
+    cq: Arc<Cq>,
+    mem: ConnMemory,
+    hello: Hello,
+}
+
+fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
+    let pd = Pd::new(id.clone())?;
+    let comp = CompChannel::new(id.clone())?;
+    let sq_depth = cfg.send_slots + cfg.rendezvous_buffers + 1;
+    let cqe = (sq_depth + cfg.recv_slots + 16) as i32;
+    let cq = Cq::new(id, comp, cqe)?;
+    let sizes = PoolSizes {
+        recv_slots: cfg.recv_slots as usize,
+        recv_slot_bytes: cfg.recv_slot_bytes,
+        send_slots: cfg.send_slots as usize,
+        send_slot_bytes: cfg.recv_slot_bytes,
+        rdv_count: cfg.rendezvous_buffers as usize,
+        rdv_bytes: cfg.rendezvous_buffer_bytes,
+    };
+    let mut mem = ConnMemory::new(&pd, sizes, cfg.global_max_registered_bytes)?;
+    let qp = Qp::new(
+        id.clone(),
+        pd,
+        cq.clone(),
+        sq_depth,
+        cfg.recv_slots,
+        cfg.max_inline_bytes,
+    )?;
+    mem.attach_qp(qp);
+    // §4.1: every receive slot is posted before connect/accept, so the peer
+    // may use all its initial credits as soon as the connection is up.
+    for slot in 0..cfg.recv_slots {
+        mem.execute(&crate::engine::Action::PostRecv {
+            slot,
+            wr_id: crate::engine::recv_wr_id(slot, 0),
+        })?;
+    }
+    let hello = Hello {
+        version: VERSION,
+        flags: 0,
+        credits: cfg.recv_slots,
+        recv_slot_bytes: cfg.recv_slot_bytes as u32,
+        rdv_count: cfg.rendezvous_buffers,
+        rdv_bytes: cfg.rendezvous_buffer_bytes as u32,
+        rdv_addr: mem.rdv_addr(),
+        rdv_rkey: mem.rdv_rkey(),
+        max_message: cfg.max_message_bytes as u64,
+    };
+    Ok(Resources { cq, mem, hello })
+}
+
+fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
+    let max_inline = res.mem.qp().map(|q| q.max_inline).unwrap_or(0) as usize;
+    EngineConfig {
+        recv_slots: cfg.recv_slots,
+        recv_slot_bytes: cfg.recv_slot_bytes,
+        send_slots: cfg.send_slots,
+        send_slot_bytes: cfg.recv_slot_bytes,
+        rendezvous_threshold: cfg.rendezvous_threshold_bytes,
+        rdv_count: cfg.rendezvous_buffers,
+        rdv_bytes: cfg.rendezvous_buffer_bytes,
+        rdv_addr: res.mem.rdv_addr(),
+        staging_count: cfg.rendezvous_buffers,
+        staging_bytes: cfg.rendezvous_buffer_bytes,
+        max_message: cfg.max_message_bytes,
+        signal_every: cfg.signal_every_eff(),
+        max_inline,
+        peer,
+    }
+}
+
+fn ms(d: Duration) -> i32 {
+    d.as_millis().clamp(1, i32::MAX as u128) as i32
+}
+
+/// Connects to a [`Listener`] at `addr` (§2.3, active side).
+pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error> {
+    cfg.validate()?;
+    let chan = EventChannel::new()?;
+    let afd = async_fd(chan.clone())?;
+    let id = CmId::new(&chan)?;
+    let slack = Duration::from_millis(500);
+
+    // §2.3 step 1: address resolution.
+    id.resolve_addr(addr, ms(cfg.resolve_timeout))
+        .map_err(|e| Error::AddrResolve {
+            addr,
+            reason: e.to_string(),
+        })?;
+    let e = tokio::time::timeout(cfg.resolve_timeout + slack, next_event(&chan, &afd))
+        .await
+        .map_err(|_| Error::Timeout {
+            stage: "resolve_addr",
+        })??;
+    match e.kind {
+        ev::RDMA_CM_EVENT_ADDR_RESOLVED => {}
+        k => {
+            return Err(Error::AddrResolve {
+                addr,
+                reason: format!("{} ({})", event_name(k), status_text(e.status)),
+            })
+        }
+    }
+    // §2.3 step 2: route resolution.
+    id.resolve_route(ms(cfg.resolve_timeout))
+        .map_err(|e| Error::RouteResolve {
+            addr,
+            reason: e.to_string(),
+        })?;
+    let e = tokio::time::timeout(cfg.resolve_timeout + slack, next_event(&chan, &afd))
+        .await
+        .map_err(|_| Error::Timeout {
+            stage: "resolve_route",
+        })??;
+    match e.kind {
+        ev::RDMA_CM_EVENT_ROUTE_RESOLVED => {}
+        k => {
+            return Err(Error::RouteResolve {
+                addr,
+                reason: format!("{} ({})", event_name(k), status_text(e.status)),
+            })
+        }
+    }
+    let id = Arc::new(id);
+    let res = build_resources(&id, cfg)?;
+    // §2.3 step 3: connect with our hello as private data.
+    id.connect(&res.hello.encode())?;
+    let e = tokio::time::timeout(cfg.connect_timeout, next_event(&chan, &afd))
+        .await
+        .map_err(|_| Error::Timeout { stage: "connect" })??;
+    let peer_hello = match e.kind {
+        ev::RDMA_CM_EVENT_ESTABLISHED => {
+            Hello::decode(&e.private_data).map_err(|m| Error::Protocol(format!("accept data: {m}")))?
+        }
+        ev::RDMA_CM_EVENT_REJECTED => {
+            let reason = String::from_utf8(e.private_data.clone())
+                .ok()
+                .map(|s| s.trim_end_matches('\0').to_string())
+                .filter(|s| !s.is_empty() && s.chars().all(|c| !c.is_control()))
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            return Err(Error::Rejected {
+                addr,
+                status: e.status,
+                reason,
+            });
+        }
+        k => {
+            let _ = k;
+            return Err(Error::Unreachable {
+                addr,
+                status: e.status,
+            });
+        }
+    };
+    let peer = id.peer_addr().unwrap_or(addr);
+    let ecfg = engine_config(cfg, &res, peer_hello);
+    let mut engine = Engine::new(ecfg);
+    let _already_posted = engine.take_actions();
+    // §2.3: the active side sends first (iWARP requirement).
+    engine.send_initial_credit();
+    spawn_driver(chan, afd, id, res, engine, cfg.clone(), peer, peer_hello)
+}
+
+/// Accepts RDMA connections (§2.3, passive side).
+pub struct Listener {
+    // afd before chan/id: deregistered before the fd is closed.
+    afd: CmFd,
+    chan: Arc<EventChannel>,
+    _id: CmId,
+    cfg: Config,
+    local: SocketAddr,
+}
+
+impl Listener {
+    /// Binds and listens on `addr` (use port 0 for an ephemeral port).
+    pub async fn bind(addr: SocketAddr, cfg: Config) -> Result<Listener, Error> {
+        cfg.validate()?;
+        let chan = EventChannel::new()?;
+        let afd = async_fd(chan.clone())?;
+        let id = CmId::new(&chan)?;
+        id.bind(addr).map_err(|e| match e {
+            Error::Verb { errno, .. } if errno.0 == libc::ENODEV || errno.0 == libc::EADDRNOTAVAIL => {
+                Error::NoDevice(format!("rdma_bind_addr({addr}): {errno}"))
+            }
+            e => e,
+        })?;
+        id.listen(cfg.listen_backlog)?;
+        let local = id.local_addr().unwrap_or(addr);
+        Ok(Listener {
+            afd,
+            chan,
+            _id: id,
+            cfg,
+            local,
+        })
+    }
+
+    /// The bound address (with the actual port).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Waits for and completes the next incoming connection.
+    pub async fn accept(&mut self) -> Result<Connection, Error> {
+        loop {
+            let e = next_event(&self.chan, &self.afd).await?;
+            if e.kind != ev::RDMA_CM_EVENT_CONNECT_REQUEST {
+                tracing::debug!("listener ignoring cm event {}", event_name(e.kind));
+                continue;
+            }
+            let id = e.new_id.expect("CONNECT_REQUEST carries an id");
+            let peer_hello = match Hello::decode(&e.private_data) {
+                Ok(h) => h,
+                Err(m) => {
+                    id.reject(b"bad hello");
+                    return Err(Error::Protocol(format!("connect request: {m}")));
+                }
+            };
+            return self.setup_passive(id, peer_hello).await;
+        }
+    }
+
+    async fn setup_passive(&self, mut id: CmId, peer_hello: Hello) -> Result<Connection, Error> {
+        let cfg = &self.cfg;
+        // Give the connection its own event channel (§8).
+        let chan = match EventChannel::new().and_then(|c| id.migrate(&c).map(|_| c)) {
+            Ok(c) => c,
+            Err(e) => {
+                id.reject(b"resources");
+                return Err(e);
+            }
+        };
+        let afd = async_fd(chan.clone())?;
+        let id = Arc::new(id);
+        let res = match build_resources(&id, cfg) {
+            Ok(r) => r,
+            Err(e) => {
+                id.reject(b"resources");
+                return Err(e);
+            }
+        };
+        id.accept(&res.hello.encode())?;
+        let e = tokio::time::timeout(cfg.connect_timeout, next_event(&chan, &afd))
+            .await
+            .map_err(|_| Error::Timeout { stage: "accept" })??;
+        if e.kind != ev::RDMA_CM_EVENT_ESTABLISHED {
+            return Err(Error::Unreachable {
+                addr: id.peer_addr().unwrap_or(self.local),
+                status: e.status,
+            });
+        }
+        let peer = id.peer_addr().unwrap_or(self.local);
+        let mut engine = Engine::new(engine_config(cfg, &res, peer_hello));
+        let _already_posted = engine.take_actions();
+        engine.set_wait_first_recv();
+        spawn_driver(chan, afd, id, res, engine, cfg.clone(), peer, peer_hello)
+    }
+}
+
+enum Cmd {
+    Send(Bytes),
+    Close(oneshot::Sender<()>),
+}
+
+enum Item {
+    Msg(Bytes),
+    Closed,
+    Err(Error),
+}
+
+#[derive(Default)]
+struct Shared {
+    error: Mutex<Option<Error>>,
+}
+
+impl Shared {
+    fn error(&self) -> Error {
+        self.error
+            .lock()
+            .map(|e| e.clone())
+            .ok()
+            .flatten()
+            .unwrap_or(Error::Disconnected)
+    }
+}
+
+/// An established connection; [`Connection::split`] it to use it.
+pub struct Connection {
+    send: SendHalf,
+    recv: RecvHalf,
+    peer: SocketAddr,
+    stats: Arc<ConnStats>,
+}
+
+impl Connection {
+    /// Splits into independently usable halves (both `Send + 'static`).
+    pub fn split(self) -> (SendHalf, RecvHalf) {
+        (self.send, self.recv)
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Live counters of this connection.
+    pub fn stats(&self) -> Arc<ConnStats> {
+        self.stats.clone()
+    }
+}
+
+/// Sending half. Dropping it closes the sending direction (like `close`).
+pub struct SendHalf {
+    tx: mpsc::Sender<Cmd>,
+    shared: Arc<Shared>,
+    max: usize,
+    closed: bool,
+}
+
+impl SendHalf {
+    /// Largest message [`SendHalf::send`] accepts (min of both sides' limits).
+    pub fn max_message_len(&self) -> usize {
+        self.max
+    }
+
+    /// Queues `msg` for sending. Waits while the driver's queue is full
+    /// (back-pressure from credits / rendezvous buffers). `Ok` means the
+    /// driver took ownership; delivery errors show up on later calls.
+    pub async fn send(&mut self, msg: Bytes) -> Result<(), Error> {
+        if self.closed {
+            return Err(Error::Closed);
+        }
+        if msg.len() > self.max {
+            return Err(Error::MessageTooLarge {
+                len: msg.len(),
+                max: self.max,
+            });
+        }
+        self.tx
+            .send(Cmd::Send(msg))
+            .await
+            .map_err(|_| self.shared.error())
+    }
+
+    /// Sends CLOSE after all queued messages and waits until it was
+    /// transmitted (or the connection failed). The peer's `recv` then
+    /// returns `Ok(None)`. Idempotent.
+    pub async fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Cmd::Close(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+/// Receiving half.
+pub struct RecvHalf {
+    rx: mpsc::UnboundedReceiver<Item>,
+    shared: Arc<Shared>,
+    done: bool,
+}
+
+impl RecvHalf {
+    /// Next message, `Ok(None)` once the peer closed cleanly. The returned
+    /// bytes are owned by the caller (copied out of registered memory).
+    pub async fn recv(&mut self) -> Result<Option<Bytes>, Error> {
+        if self.done {
+            return Ok(None);
+        }
+        match self.rx.recv().await {
+            Some(Item::Msg(b)) => Ok(Some(b)),
+            Some(Item::Closed) => {
+                self.done = true;
+                Ok(None)
+            }
+            Some(Item::Err(e)) => Err(e),
+            None => Err(self.shared.error()),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn spawn_driver(
+    chan: Arc<EventChannel>,
+    cm_afd: CmFd,
+    id: Arc<CmId>,
+    res: Resources,
+    engine: Engine,
+    cfg: Config,
+    peer: SocketAddr,
+    peer_hello: Hello,
+) -> Result<Connection, Error> {
+    let cq_afd = async_fd(res.cq.clone())?;
+    let (tx, cmd_rx) = mpsc::channel(cfg.send_queue_messages.max(1));
+    let (deliver_tx, rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared::default());
+    let stats = Arc::new(ConnStats::default());
+    stats.bump(|s| &s.connections, 1);
+    let max = cfg.max_message_bytes.min(peer_hello.max_message as usize);
+    let d = Driver {
+        cm_afd,
+        cq_afd,
+        mem: res.mem,
+        cq: res.cq,
+        id,
+        chan,
+        engine,
+        cmd_rx,
+        deliver_tx,
+        shared: shared.clone(),
+        stats: stats.clone(),
+        last: EngineCounters::default(),
+        cfg,
+        cmd_open: true,
+        recv_open: true,
+        close_waiters: Vec::new(),
+        peer_gone: false,
+        wcs: Vec::with_capacity(64),
+    };
+    tokio::spawn(d.run());
+    Ok(Connection {
+        send: SendHalf {
+            tx,
+            shared: shared.clone(),
+            max,
+            closed: false,
+        },
+        recv: RecvHalf {
+            rx,
+            shared,
+            done: false,
+        },
+        peer,
+        stats,
+    })
+}
+
+/// The per-connection task (§8). Field order = drop order: the AsyncFds go
+/// first, then the QP and memory (QP destroyed before deregistration), then
+/// CQ, cm_id and channel.
+struct Driver {
+    cm_afd: CmFd,
+    cq_afd: CqFd,
+    mem: ConnMemory,
+    cq: Arc<Cq>,
+    id: Arc<CmId>,
+    chan: Arc<EventChannel>,
+    engine: Engine,
+    cmd_rx: mpsc::Receiver<Cmd>,
+    deliver_tx: mpsc::UnboundedSender<Item>,
+    shared: Arc<Shared>,
+    stats: Arc<ConnStats>,
+    last: EngineCounters,
+    cfg: Config,
+    cmd_open: bool,
+    recv_open: bool,
+    close_waiters: Vec<oneshot::Sender<()>>,
+    peer_gone: bool,
+    wcs: Vec<Wc>,
+}
+
+impl Driver {
+    async fn run(mut self) {
+        let r = self.main_loop().await;
+        if let Err(e) = r {
+            tracing::debug!("rdma connection failed: {e}");
+            if let Ok(mut g) = self.shared.error.lock() {
+                *g = Some(e.clone());
+            }
+            if self.recv_open {
+                let _ = self.deliver_tx.send(Item::Err(e));
+            }
+        }
+        self.teardown().await;
+    }
+
+    fn has_room(&self) -> bool {
+        self.engine.pending_msgs() < self.cfg.send_queue_messages
+    }
+
+    fn take_cmds(&mut self) -> bool {
+        let mut did = false;
+        while self.cmd_open && self.has_room() {
+            match self.cmd_rx.try_recv() {
+                Ok(c) => {
+                    self.handle_cmd(Some(c));
+                    did = true;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    self.handle_cmd(None);
+                    did = true;
+                }
+            }
+        }
+        did
+    }
+
+    fn handle_cmd(&mut self, c: Option<Cmd>) {
+        match c {
+            Some(Cmd::Send(b)) => self.engine.submit(b),
+            Some(Cmd::Close(w)) => {
+                self.close_waiters.push(w);
+                self.engine.close();
+                self.cmd_open = false;
+            }
+            None => {
+                // SendHalf dropped without close: implicit close (§6).
+                self.engine.close();
+                self.cmd_open = false;
+            }
+        }
+    }
+
+    /// Polls the CQ until empty, feeding the engine. With `until_error`,
+    /// stops at the first failed completion without reporting it (used
+    /// after a disconnect to salvage messages that did arrive).
+    fn poll_cq(&mut self, until_error: bool) -> Result<usize, Error> {
+        let mut total = 0;
+        loop {
+            self.wcs.clear();
+            let n = self.cq.poll(&mut self.wcs, 32)?;
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n;
+            for i in 0..n {
+                let wc = self.wcs[i];
+                let ok = wc.status == 0;
+                if !ok && until_error {
+                    return Ok(total);
+                }
+                let c = Completion {
+                    wr_id: wc.wr_id,
+                    ok,
+                    status: wc.status,
+                    byte_len: wc.byte_len,
+                };
+                if let Err(e) = self.engine.on_completion(c, &self.mem) {
+                    return Err(match e {
+                        EngineError::Protocol(m) => Error::Protocol(m),
+                        EngineError::Completion { status, .. } if status == WC_FLUSH_ERR => {
+                            Error::Disconnected
+                        }
+                        EngineError::Completion { status, recv } => Error::Completion {
+                            status,
+                            status_str: Cq::status_str(status),
+                            what: if recv || wc.wr_id >> 56 == WR_RECV {
+                                "recv"
+                            } else {
+                                "send"
+                            },
+                        },
+                    });
+                }
+            }
+            if n < 32 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Lets the engine post what it can and delivers events.
+    fn step(&mut self) -> Result<(), Error> {
+        self.engine.progress(&mut self.mem);
+        for a in self.engine.take_actions() {
+            self.mem.execute(&a)?;
+        }
+        while let Some(e) = self.engine.next_event() {
+            let item = match e {
+                Event::Message(b) => Item::Msg(b),
+                Event::PeerClosed => Item::Closed,
+            };
+            if self.recv_open && self.deliver_tx.send(item).is_err() {
+                self.recv_open = false;
+            }
+        }
+        let now = self.engine.counters;
+        self.stats.add_delta(&now, &self.last);
+        self.last = now;
+        if self.engine.close_flushed() {
+            for w in self.close_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+        Ok(())
+    }
+
+    fn finished(&self) -> bool {
+        !self.cmd_open
+            && self.engine.close_flushed()
+            && (self.engine.peer_closed() || !self.recv_open)
+    }
+
+    async fn main_loop(&mut self) -> Result<(), Error> {
+        let mut spins = 0u32;
+        loop {
+            let mut did = self.take_cmds();
+            if self.poll_cq(false)? > 0 {
+                did = true;
+            }
+            self.step()?;
+            if self.finished() {
+                return Ok(());
+            }
+            if self.recv_open && self.deliver_tx.is_closed() {
+                self.recv_open = false;
+                continue;
+            }
+            if did {
+                spins += 1;
+                if spins % 64 == 0 {
+                    tokio::task::yield_now().await;
+                }
+                continue;
+            }
+            // Optional short busy-poll before sleeping (§8).
+            if !self.cfg.busy_poll.is_zero() {
+                let start = Instant::now();
+                let mut got = false;
+                while start.elapsed() < self.cfg.busy_poll {
+                    if self.poll_cq(false)? > 0
+                        || (self.cmd_open && self.has_room() && !self.cmd_rx.is_empty())
+                    {
+                        got = true;
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+                if got {
+                    self.step()?;
+                    continue;
+                }
+            }
+            // Arm, then poll again: a completion that arrived before the
+            // arm would otherwise never raise an event (lost wakeup).
+            self.cq.arm()?;
+            if self.poll_cq(false)? > 0 {
+                self.step()?;
+                continue;
+            }
+            let room = self.cmd_open && self.has_room();
+            tokio::select! {
+                r = self.cq_afd.readable() => {
+                    let mut g = r.map_err(|e| io_err("AsyncFd(cq)", e))?;
+                    let n = self.cq.consume_events()?;
+                    self.stats.bump(|s| &s.cq_events, n as u64);
+                    g.clear_ready();
+                }
+                e = next_event(&self.chan, &self.cm_afd) => {
+                    let e = e?;
+                    match e.kind {
+                        ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                            self.peer_gone = true;
+                            // Salvage messages that arrived before the disconnect.
+                            self.poll_cq(true)?;
+                            self.step()?;
+                            if self.finished() || (self.engine.peer_closed() && !self.cmd_open && self.engine.close_flushed()) {
+                                return Ok(());
+                            }
+                            return Err(Error::Disconnected);
+                        }
+                        k => tracing::debug!("ignoring cm event {}", event_name(k)),
+                    }
+                }
+                c = self.cmd_rx.recv(), if room => {
+                    self.handle_cmd(c);
+                }
+                _ = self.deliver_tx.closed(), if self.recv_open => {
+                    self.recv_open = false;
+                }
+            }
+        }
+    }
+
+    /// §8 teardown: disconnect, QP to error, drain flushed completions
+    /// (bounded), then free everything (QP before memory).
+    async fn teardown(mut self) {
+        if !self.peer_gone {
+            let _ = self.id.disconnect();
+        }
+        if let Some(qp) = self.mem.qp() {
+            let _ = qp.to_error();
+        }
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let expect = self.cfg.recv_slots as usize + self.engine.outstanding_sq();
+        let mut seen = 0;
+        while Instant::now() < deadline && seen < expect {
+            self.wcs.clear();
+            match self.cq.poll(&mut self.wcs, 32) {
+                Ok(0) => tokio::time::sleep(Duration::from_millis(2)).await,
+                Ok(n) => seen += n,
+                Err(_) => break,
+            }
+        }
+        let _ = self.cq.consume_events();
+        for w in self.close_waiters.drain(..) {
+            let _ = w.send(());
+        }
+        self.mem.destroy_qp();
+        // Remaining fields drop in declaration order.
+    }
+}

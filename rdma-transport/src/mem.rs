@@ -1,0 +1,256 @@
+//! Registered memory and the per-connection buffer pools.
+//!
+//! [`ConnMemory`] owns the QP together with every buffer the NIC may touch,
+//! and destroys the QP before any buffer is deregistered or freed. See
+//! `docs/buffer-ownership.md` for who owns which slot when.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use rdma_sys::*;
+
+use crate::engine::{Action, Buffers};
+use crate::error::Error;
+use crate::verbs::{verb_err, Pd, Qp};
+
+/// Process-wide registered bytes (checked against `Config::global_max_registered_bytes`).
+pub(crate) static REGISTERED_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// A page-aligned heap allocation registered with a PD.
+pub(crate) struct RegisteredBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    mr: *mut ibv_mr,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: the buffer is uniquely owned (like a Box<[u8]>); the MR pointer is
+// only passed to thread-safe libibverbs calls.
+unsafe impl Send for RegisteredBuf {}
+
+impl RegisteredBuf {
+    pub(crate) fn new(
+        pd: &Arc<Pd>,
+        len: usize,
+        remote_write: bool,
+        global_limit: usize,
+    ) -> Result<RegisteredBuf, Error> {
+        let len = len.max(64);
+        let prev = REGISTERED_BYTES.fetch_add(len, Ordering::SeqCst);
+        if prev + len > global_limit {
+            REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
+            return Err(Error::ResourceLimit(format!(
+                "registering {len} more bytes exceeds global_max_registered_bytes ({global_limit}); {prev} in use"
+            )));
+        }
+        let layout = Layout::from_size_align(len, 4096).expect("valid layout");
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
+            return Err(Error::ResourceLimit(format!("allocation of {len} bytes failed")));
+        };
+        let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+        if remote_write {
+            access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        }
+        // SAFETY: [ptr, ptr+len) is a live allocation owned by us; pd is live.
+        let mr = unsafe { ibv_reg_mr(pd.ptr, raw as *mut _, len, access as i32) };
+        if mr.is_null() {
+            let e = verb_err("ibv_reg_mr");
+            // SAFETY: allocated above with this layout, never registered.
+            unsafe { dealloc(raw, layout) };
+            REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
+            return Err(e);
+        }
+        Ok(RegisteredBuf {
+            ptr,
+            len,
+            mr,
+            _pd: pd.clone(),
+        })
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    pub(crate) fn lkey(&self) -> u32 {
+        // SAFETY: mr is live while self exists; plain field read.
+        unsafe { (*self.mr).lkey }
+    }
+
+    pub(crate) fn rkey(&self) -> u32 {
+        // SAFETY: as above.
+        unsafe { (*self.mr).rkey }
+    }
+
+    fn slice(&self, off: usize, len: usize) -> &[u8] {
+        assert!(off + len <= self.len, "registered slice out of bounds");
+        // SAFETY: in bounds of our allocation; the engine only reads a slot
+        // after its receive/WRITE completed and before it is reposted or
+        // re-advertised, so the NIC is not writing it (buffer-ownership.md).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) }
+    }
+
+    fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
+        assert!(off + len <= self.len, "registered slice out of bounds");
+        // SAFETY: in bounds; &mut self gives CPU exclusivity; the engine only
+        // writes send/staging slots that no posted work request covers.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) }
+    }
+}
+
+impl Drop for RegisteredBuf {
+    fn drop(&mut self) {
+        // SAFETY: mr registered in new(); deregistered once. The owning
+        // ConnMemory destroyed the QP first, so no DMA can target it.
+        unsafe { ibv_dereg_mr(self.mr) };
+        let layout = Layout::from_size_align(self.len, 4096).expect("valid layout");
+        // SAFETY: allocated in new() with the same layout; MR is gone.
+        unsafe { dealloc(self.ptr.as_ptr(), layout) };
+        REGISTERED_BYTES.fetch_sub(self.len, Ordering::SeqCst);
+    }
+}
+
+/// Sizes of the four per-connection pools.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PoolSizes {
+    pub recv_slots: usize,
+    pub recv_slot_bytes: usize,
+    pub send_slots: usize,
+    pub send_slot_bytes: usize,
+    pub rdv_count: usize,
+    pub rdv_bytes: usize,
+}
+
+/// QP + all registered memory of one connection (§8 of the wire doc;
+/// ownership rules in `docs/buffer-ownership.md`).
+pub(crate) struct ConnMemory {
+    // Declared first: dropped first, before any buffer.
+    qp: Option<Qp>,
+    recv: RegisteredBuf,
+    send: RegisteredBuf,
+    rdv: RegisteredBuf,
+    staging: RegisteredBuf,
+    sz: PoolSizes,
+}
+
+impl ConnMemory {
+    pub(crate) fn new(pd: &Arc<Pd>, sz: PoolSizes, global_limit: usize) -> Result<Self, Error> {
+        Ok(ConnMemory {
+            qp: None,
+            recv: RegisteredBuf::new(pd, sz.recv_slots * sz.recv_slot_bytes, false, global_limit)?,
+            send: RegisteredBuf::new(pd, sz.send_slots * sz.send_slot_bytes, false, global_limit)?,
+            rdv: RegisteredBuf::new(pd, sz.rdv_count * sz.rdv_bytes, true, global_limit)?,
+            staging: RegisteredBuf::new(pd, sz.rdv_count * sz.rdv_bytes, false, global_limit)?,
+            sz,
+        })
+    }
+
+    pub(crate) fn attach_qp(&mut self, qp: Qp) {
+        self.qp = Some(qp);
+    }
+
+    pub(crate) fn qp(&self) -> Option<&Qp> {
+        self.qp.as_ref()
+    }
+
+    pub(crate) fn rdv_addr(&self) -> u64 {
+        self.rdv.addr()
+    }
+
+    pub(crate) fn rdv_rkey(&self) -> u32 {
+        self.rdv.rkey()
+    }
+
+    /// Destroys the QP; afterwards the NIC cannot access any buffer.
+    pub(crate) fn destroy_qp(&mut self) {
+        self.qp = None;
+    }
+
+    /// Posts one engine action (bounds-checked against the pools).
+    pub(crate) fn execute(&mut self, a: &Action) -> Result<(), Error> {
+        let qp = self.qp.as_ref().ok_or(Error::Disconnected)?;
+        match *a {
+            Action::PostRecv { slot, wr_id } => {
+                let slot = slot as usize;
+                assert!(slot < self.sz.recv_slots);
+                let addr = self.recv.addr() + (slot * self.sz.recv_slot_bytes) as u64;
+                // SAFETY: slot is inside the registered recv pool (checked);
+                // the pool outlives the QP (field order + destroy_qp); the
+                // engine does not touch this slot until its completion.
+                unsafe { qp.post_recv(wr_id, addr, self.sz.recv_slot_bytes as u32, self.recv.lkey()) }
+            }
+            Action::PostSend {
+                slot,
+                len,
+                wr_id,
+                signaled,
+                inline,
+            } => {
+                let slot = slot as usize;
+                assert!(slot < self.sz.send_slots && len <= self.sz.send_slot_bytes);
+                let addr = self.send.addr() + (slot * self.sz.send_slot_bytes) as u64;
+                // SAFETY: range inside the registered send pool; the engine
+                // reuses the slot only after a covering completion.
+                unsafe {
+                    qp.post_send(wr_id, addr, len as u32, self.send.lkey(), signaled, inline, None)
+                }
+            }
+            Action::PostWrite {
+                staging,
+                len,
+                remote_addr,
+                rkey,
+                wr_id,
+                signaled,
+            } => {
+                let st = staging as usize;
+                assert!(st < self.sz.rdv_count && len <= self.sz.rdv_bytes);
+                let addr = self.staging.addr() + (st * self.sz.rdv_bytes) as u64;
+                // SAFETY: range inside the registered staging pool; reused
+                // only after a covering completion.
+                unsafe {
+                    qp.post_send(
+                        wr_id,
+                        addr,
+                        len as u32,
+                        self.staging.lkey(),
+                        signaled,
+                        false,
+                        Some((remote_addr, rkey)),
+                    )
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ConnMemory {
+    fn drop(&mut self) {
+        // Explicit: QP first, then the buffers (field order would do the same).
+        self.qp = None;
+    }
+}
+
+impl Buffers for ConnMemory {
+    fn recv_slot(&self, i: u32) -> &[u8] {
+        let s = self.sz.recv_slot_bytes;
+        self.recv.slice(i as usize * s, s)
+    }
+    fn send_slot(&mut self, i: u32) -> &mut [u8] {
+        let s = self.sz.send_slot_bytes;
+        self.send.slice_mut(i as usize * s, s)
+    }
+    fn rdv_buf(&self, i: u32) -> &[u8] {
+        let s = self.sz.rdv_bytes;
+        self.rdv.slice(i as usize * s, s)
+    }
+    fn staging(&mut self, i: u32) -> &mut [u8] {
+        let s = self.sz.rdv_bytes;
+        self.staging.slice_mut(i as usize * s, s)
+    }
+}

@@ -1,0 +1,79 @@
+//! Per-connection and process-wide counters.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::engine::EngineCounters;
+
+macro_rules! stats {
+    ($($(#[$m:meta])* $f:ident),* $(,)?) => {
+        /// Live counters of one connection (see also [`global_stats`](crate::global_stats)).
+        #[derive(Debug, Default)]
+        pub struct ConnStats { $($(#[$m])* pub $f: AtomicU64,)* }
+
+        /// A copy of counters at one point in time.
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct StatsSnapshot { $($(#[$m])* pub $f: u64,)* }
+
+        impl ConnStats {
+            const fn new_const() -> ConnStats { ConnStats { $($f: AtomicU64::new(0),)* } }
+            /// Reads all counters.
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot { $($f: self.$f.load(Relaxed),)* }
+            }
+        }
+    };
+}
+
+stats! {
+    /// Messages sent (fully handed to the NIC).
+    msgs_sent,
+    /// Messages received.
+    msgs_recv,
+    /// Payload bytes sent.
+    bytes_sent,
+    /// Payload bytes received.
+    bytes_recv,
+    /// Messages sent eagerly (one SEND).
+    eager_sends,
+    /// SENDs posted with IBV_SEND_INLINE.
+    inline_sends,
+    /// RDMA WRITEs posted for rendezvous chunks.
+    rendezvous_writes,
+    /// Bytes moved by rendezvous RDMA WRITEs.
+    rendezvous_bytes,
+    /// Explicit credit-return messages sent.
+    credit_msgs,
+    /// Completion-channel events consumed.
+    cq_events,
+    /// Connections established.
+    connections,
+}
+
+pub(crate) static GLOBAL: ConnStats = ConnStats::new_const();
+
+impl ConnStats {
+    pub(crate) fn add_delta(&self, now: &EngineCounters, last: &EngineCounters) {
+        let pairs = [
+            (&self.msgs_sent, &GLOBAL.msgs_sent, now.msgs_sent - last.msgs_sent),
+            (&self.msgs_recv, &GLOBAL.msgs_recv, now.msgs_recv - last.msgs_recv),
+            (&self.bytes_sent, &GLOBAL.bytes_sent, now.bytes_sent - last.bytes_sent),
+            (&self.bytes_recv, &GLOBAL.bytes_recv, now.bytes_recv - last.bytes_recv),
+            (&self.eager_sends, &GLOBAL.eager_sends, now.eager_sends - last.eager_sends),
+            (&self.inline_sends, &GLOBAL.inline_sends, now.inline_sends - last.inline_sends),
+            (&self.rendezvous_writes, &GLOBAL.rendezvous_writes, now.rdv_writes - last.rdv_writes),
+            (&self.rendezvous_bytes, &GLOBAL.rendezvous_bytes, now.rdv_bytes - last.rdv_bytes),
+            (&self.credit_msgs, &GLOBAL.credit_msgs, now.credit_msgs - last.credit_msgs),
+        ];
+        for (c, g, d) in pairs {
+            if d != 0 {
+                c.fetch_add(d, Relaxed);
+                g.fetch_add(d, Relaxed);
+            }
+        }
+    }
+
+    pub(crate) fn bump(&self, f: impl Fn(&ConnStats) -> &AtomicU64, n: u64) {
+        f(self).fetch_add(n, Relaxed);
+        f(&GLOBAL).fetch_add(n, Relaxed);
+    }
+}

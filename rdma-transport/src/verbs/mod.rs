@@ -1,0 +1,519 @@
+//! Thin RAII wrappers over libibverbs / librdmacm (via `rdma-sys`).
+//!
+//! This module tree and `crate::mem` are the only places with `unsafe`.
+//! Ownership: children hold an `Arc` of their parent (PD -> cm_id, CQ ->
+//! completion channel -> cm_id, cm_id -> event channel), so a parent is never
+//! destroyed while a child exists. The QP ([`Qp`]) is owned by
+//! `crate::mem::ConnMemory`, which destroys it before deregistering memory.
+
+pub mod cm;
+
+use std::ffi::CStr;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use rdma_sys::*;
+
+use crate::error::{Errno, Error};
+use crate::DeviceInfo;
+
+pub(crate) fn errno() -> Errno {
+    Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+}
+
+pub(crate) fn verb_err(verb: &'static str) -> Error {
+    Error::Verb {
+        verb,
+        errno: errno(),
+    }
+}
+
+/// Sets O_NONBLOCK on a file descriptor owned by verbs/cm.
+pub(crate) fn set_nonblocking(fd: RawFd, verb: &'static str) -> Result<(), Error> {
+    // SAFETY: fcntl on an fd we own (from a live channel); no memory is passed.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(verb_err(verb));
+    }
+    // SAFETY: as above.
+    let r = unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+    if r < 0 {
+        return Err(verb_err(verb));
+    }
+    Ok(())
+}
+
+/// Lists RDMA devices. A kernel without RDMA (ENOSYS, no sysfs class) yields
+/// an empty list, never an error or a crash.
+pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
+    let mut n: i32 = 0;
+    // SAFETY: ibv_get_device_list writes the count into `n` and returns a
+    // NULL-terminated array (or NULL on failure).
+    let list = unsafe { ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        let e = errno();
+        return match e.0 {
+            0 | libc::ENOSYS | libc::ENOENT | libc::ENODEV | libc::EPERM | libc::EACCES => {
+                Ok(Vec::new())
+            }
+            _ => Err(Error::Verb {
+                verb: "ibv_get_device_list",
+                errno: e,
+            }),
+        };
+    }
+    let mut out = Vec::new();
+    for i in 0..n.max(0) as usize {
+        // SAFETY: `list` has `n` valid entries (documented contract).
+        let dev = unsafe { *list.add(i) };
+        if dev.is_null() {
+            break;
+        }
+        // SAFETY: dev is a valid ibv_device from the list; the name is a
+        // NUL-terminated string inside it, valid until ibv_free_device_list.
+        let name = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: dev is valid (see above).
+        let guid = u64::from_be(unsafe { ibv_get_device_guid(dev) });
+        // SAFETY: dev is valid; reading a plain field.
+        let tt = unsafe { (*dev).transport_type };
+        let transport = match tt {
+            ibv_transport_type::IBV_TRANSPORT_IB => "InfiniBand/RoCE",
+            ibv_transport_type::IBV_TRANSPORT_IWARP => "iWARP",
+            _ => "other",
+        };
+        out.push(DeviceInfo {
+            name,
+            guid,
+            transport,
+        });
+    }
+    // SAFETY: list came from ibv_get_device_list and is freed exactly once.
+    unsafe { ibv_free_device_list(list) };
+    Ok(out)
+}
+
+/// Protection domain, allocated on the device of a cm_id.
+pub(crate) struct Pd {
+    pub(crate) ptr: *mut ibv_pd,
+    _id: Arc<cm::CmId>,
+}
+
+// SAFETY: libibverbs objects are thread-safe ("all verbs are thread safe");
+// the pointer is only dereferenced by libibverbs.
+unsafe impl Send for Pd {}
+// SAFETY: see Send; &Pd only exposes the pointer to thread-safe verbs.
+unsafe impl Sync for Pd {}
+
+impl Pd {
+    pub(crate) fn new(id: Arc<cm::CmId>) -> Result<Arc<Pd>, Error> {
+        let ctx = id.verbs();
+        if ctx.is_null() {
+            return Err(Error::NoDevice("cm_id is not bound to a device".into()));
+        }
+        // SAFETY: ctx is the live device context of the resolved cm_id, kept
+        // open by librdmacm while the id exists (we hold the id).
+        let ptr = unsafe { ibv_alloc_pd(ctx) };
+        if ptr.is_null() {
+            return Err(verb_err("ibv_alloc_pd"));
+        }
+        Ok(Arc::new(Pd { ptr, _id: id }))
+    }
+}
+
+impl Drop for Pd {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from ibv_alloc_pd; all MRs and the QP hold an Arc
+        // to this Pd, so none remain.
+        unsafe { ibv_dealloc_pd(self.ptr) };
+    }
+}
+
+/// Completion channel (its fd is made non-blocking for tokio's AsyncFd).
+pub(crate) struct CompChannel {
+    ptr: *mut ibv_comp_channel,
+    _id: Arc<cm::CmId>,
+}
+
+// SAFETY: thread-safe verbs object, pointer only passed to libibverbs.
+unsafe impl Send for CompChannel {}
+// SAFETY: as above.
+unsafe impl Sync for CompChannel {}
+
+impl CompChannel {
+    pub(crate) fn new(id: Arc<cm::CmId>) -> Result<Arc<CompChannel>, Error> {
+        // SAFETY: id.verbs() is the live device context (held by the id).
+        let ptr = unsafe { ibv_create_comp_channel(id.verbs()) };
+        if ptr.is_null() {
+            return Err(verb_err("ibv_create_comp_channel"));
+        }
+        let ch = CompChannel { ptr, _id: id };
+        set_nonblocking(ch.fd(), "fcntl(comp_channel)")?;
+        Ok(Arc::new(ch))
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        // SAFETY: ptr is a live comp channel; reading a plain field.
+        unsafe { (*self.ptr).fd }
+    }
+}
+
+impl Drop for CompChannel {
+    fn drop(&mut self) {
+        // SAFETY: every CQ using this channel holds an Arc to it, so none remain.
+        unsafe { ibv_destroy_comp_channel(self.ptr) };
+    }
+}
+
+/// One polled work completion.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wc {
+    pub wr_id: u64,
+    pub status: u32,
+    pub byte_len: u32,
+}
+
+/// Completion queue bound to a completion channel.
+pub(crate) struct Cq {
+    pub(crate) ptr: *mut ibv_cq,
+    chan: Arc<CompChannel>,
+}
+
+// SAFETY: thread-safe verbs object, pointer only passed to libibverbs.
+unsafe impl Send for Cq {}
+// SAFETY: as above.
+unsafe impl Sync for Cq {}
+
+impl Cq {
+    pub(crate) fn new(
+        id: &Arc<cm::CmId>,
+        chan: Arc<CompChannel>,
+        cqe: i32,
+    ) -> Result<Arc<Cq>, Error> {
+        // SAFETY: valid context and channel (both kept alive by Arcs).
+        let ptr =
+            unsafe { ibv_create_cq(id.verbs(), cqe, std::ptr::null_mut(), chan.ptr, 0) };
+        if ptr.is_null() {
+            return Err(verb_err("ibv_create_cq"));
+        }
+        Ok(Arc::new(Cq { ptr, chan }))
+    }
+
+    pub(crate) fn channel_fd(&self) -> RawFd {
+        self.chan.fd()
+    }
+
+    /// Polls up to `max` completions, appending to `out`. Returns the count.
+    pub(crate) fn poll(&self, out: &mut Vec<Wc>, max: usize) -> Result<usize, Error> {
+        const BATCH: usize = 32;
+        let max = max.min(BATCH);
+        // SAFETY: ibv_wc is plain C data; all-zero is a valid bit pattern.
+        let mut wcs: [ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: ptr is a live CQ; wcs has room for `max` entries.
+        let n = unsafe { ibv_poll_cq(self.ptr, max as i32, wcs.as_mut_ptr()) };
+        if n < 0 {
+            return Err(Error::Verb {
+                verb: "ibv_poll_cq",
+                errno: Errno(-n),
+            });
+        }
+        for wc in &wcs[..n as usize] {
+            out.push(Wc {
+                wr_id: wc.wr_id,
+                status: wc.status,
+                byte_len: wc.byte_len,
+            });
+        }
+        Ok(n as usize)
+    }
+
+    /// Arms the CQ for the next completion event.
+    pub(crate) fn arm(&self) -> Result<(), Error> {
+        // SAFETY: ptr is a live CQ.
+        let r = unsafe { ibv_req_notify_cq(self.ptr, 0) };
+        if r != 0 {
+            return Err(Error::Verb {
+                verb: "ibv_req_notify_cq",
+                errno: Errno(r),
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads (non-blocking) and acknowledges pending completion events.
+    /// Returns how many were consumed.
+    pub(crate) fn consume_events(&self) -> Result<u32, Error> {
+        let mut n = 0;
+        loop {
+            let mut cq: *mut ibv_cq = std::ptr::null_mut();
+            let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+            // SAFETY: live channel with a non-blocking fd; out-pointers valid.
+            let r = unsafe { ibv_get_cq_event(self.chan.ptr, &mut cq, &mut ctx) };
+            if r != 0 {
+                let e = errno();
+                if e.0 == libc::EAGAIN || e.0 == libc::EWOULDBLOCK {
+                    break;
+                }
+                return Err(Error::Verb {
+                    verb: "ibv_get_cq_event",
+                    errno: e,
+                });
+            }
+            // SAFETY: the event belongs to our only CQ on this channel; ack it
+            // right away so ibv_destroy_cq never blocks on unacked events.
+            unsafe { ibv_ack_cq_events(cq, 1) };
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    pub(crate) fn status_str(status: u32) -> String {
+        // SAFETY: ibv_wc_status_str returns a static string for any value.
+        unsafe { CStr::from_ptr(ibv_wc_status_str(status)) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        // SAFETY: the QP using this CQ holds an Arc to it, so it is gone; all
+        // events were acked in consume_events.
+        unsafe { ibv_destroy_cq(self.ptr) };
+    }
+}
+
+/// RC queue pair created through rdma_cm on a cm_id (rdma_cm drives the
+/// INIT/RTR/RTS transitions during connect/accept).
+pub(crate) struct Qp {
+    id: Arc<cm::CmId>,
+    qp: *mut ibv_qp,
+    _pd: Arc<Pd>,
+    _cq: Arc<Cq>,
+    pub(crate) max_inline: u32,
+}
+
+// SAFETY: thread-safe verbs object, pointer only passed to libibverbs.
+unsafe impl Send for Qp {}
+
+impl Qp {
+    pub(crate) fn new(
+        id: Arc<cm::CmId>,
+        pd: Arc<Pd>,
+        cq: Arc<Cq>,
+        send_wr: u32,
+        recv_wr: u32,
+        inline: u32,
+    ) -> Result<Qp, Error> {
+        let mut inline_try = inline;
+        loop {
+            // SAFETY: ibv_qp_init_attr is plain C data; zero is valid.
+            let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            attr.send_cq = cq.ptr;
+            attr.recv_cq = cq.ptr;
+            attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+            attr.sq_sig_all = 0;
+            attr.cap.max_send_wr = send_wr;
+            attr.cap.max_recv_wr = recv_wr;
+            attr.cap.max_send_sge = 1;
+            attr.cap.max_recv_sge = 1;
+            attr.cap.max_inline_data = inline_try;
+            // SAFETY: id is resolved (has a device), pd/cq are live and on
+            // the same device; attr is fully initialised.
+            let r = unsafe { rdma_create_qp(id.ptr, pd.ptr, &mut attr) };
+            if r == 0 {
+                // SAFETY: on success rdma_create_qp stored the QP in id->qp.
+                let qp = unsafe { (*id.ptr).qp };
+                return Ok(Qp {
+                    id,
+                    qp,
+                    _pd: pd,
+                    _cq: cq,
+                    max_inline: attr.cap.max_inline_data,
+                });
+            }
+            if inline_try == 0 {
+                return Err(verb_err("rdma_create_qp"));
+            }
+            // Device refused the inline size: retry without inline data.
+            inline_try = 0;
+        }
+    }
+
+    /// Moves the QP to the error state: outstanding work requests are
+    /// flushed with IBV_WC_WR_FLUSH_ERR.
+    pub(crate) fn to_error(&self) -> Result<(), Error> {
+        // SAFETY: ibv_qp_attr is plain C data; zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        // SAFETY: live QP; attr initialised; mask selects only the state.
+        let r = unsafe {
+            ibv_modify_qp(
+                self.qp,
+                &mut attr,
+                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
+            )
+        };
+        if r != 0 {
+            return Err(Error::Verb {
+                verb: "ibv_modify_qp(ERR)",
+                errno: Errno(r),
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts a receive of `[addr, addr+len)`.
+    ///
+    /// # Safety
+    /// The range must lie in memory registered with `lkey` on this QP's PD
+    /// that stays allocated and is not read or written by the CPU until the
+    /// receive completes (or the QP is destroyed).
+    pub(crate) unsafe fn post_recv(
+        &self,
+        wr_id: u64,
+        addr: u64,
+        len: u32,
+        lkey: u32,
+    ) -> Result<(), Error> {
+        let mut sge = ibv_sge {
+            addr,
+            length: len,
+            lkey,
+        };
+        let mut wr = ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: wr/sge live across the call; buffer validity is the
+        // caller's contract (see # Safety).
+        let r = unsafe { ibv_post_recv(self.qp, &mut wr, &mut bad) };
+        if r != 0 {
+            return Err(Error::Verb {
+                verb: "ibv_post_recv",
+                errno: Errno(r),
+            });
+        }
+        Ok(())
+    }
+
+    /// Posts a SEND (`remote == None`) or an RDMA WRITE to `(addr, rkey)`.
+    ///
+    /// # Safety
+    /// `[addr, addr+len)` must lie in memory registered with `lkey` that
+    /// stays allocated and is not written by the CPU until a completion
+    /// covering this work request is polled (unless `inline`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn post_send(
+        &self,
+        wr_id: u64,
+        addr: u64,
+        len: u32,
+        lkey: u32,
+        signaled: bool,
+        inline: bool,
+        remote: Option<(u64, u32)>,
+    ) -> Result<(), Error> {
+        let mut sge = ibv_sge {
+            addr,
+            length: len,
+            lkey,
+        };
+        let mut flags = 0;
+        if signaled {
+            flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if inline {
+            flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        // SAFETY: ibv_send_wr is plain C data (unions of PODs); zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = if len == 0 { 0 } else { 1 };
+        wr.send_flags = flags;
+        match remote {
+            None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
+            Some((raddr, rkey)) => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                wr.wr.rdma = rdma_t {
+                    remote_addr: raddr,
+                    rkey,
+                };
+            }
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: wr/sge live across the call; buffer validity is the
+        // caller's contract (see # Safety).
+        let r = unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) };
+        if r != 0 {
+            return Err(Error::Verb {
+                verb: if remote.is_some() {
+                    "ibv_post_send(RDMA_WRITE)"
+                } else {
+                    "ibv_post_send(SEND)"
+                },
+                errno: Errno(r),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: the QP was created by rdma_create_qp on this id and is
+        // destroyed once; after this the NIC no longer accesses our buffers.
+        unsafe { rdma_destroy_qp(self.id.ptr) };
+    }
+}
+
+/// Objects owning a file descriptor that can be watched with tokio.
+pub(crate) trait HasFd {
+    fn raw_fd(&self) -> RawFd;
+}
+
+impl HasFd for cm::EventChannel {
+    fn raw_fd(&self) -> RawFd {
+        self.fd()
+    }
+}
+
+impl HasFd for Cq {
+    fn raw_fd(&self) -> RawFd {
+        self.channel_fd()
+    }
+}
+
+/// Keeps the fd's owner alive for as long as tokio watches the fd.
+pub(crate) struct FdOwner<T: HasFd>(Arc<T>);
+
+impl<T: HasFd> std::os::fd::AsRawFd for FdOwner<T> {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.raw_fd()
+    }
+}
+
+/// Registers the (non-blocking) fd of `owner` with the tokio reactor.
+pub(crate) fn async_fd<T: HasFd>(
+    owner: Arc<T>,
+) -> Result<tokio::io::unix::AsyncFd<FdOwner<T>>, Error> {
+    // SAFETY: the fd belongs to `owner` (event/completion channel), which the
+    // FdOwner keeps alive (Arc) for the AsyncFd's whole lifetime, so it stays
+    // open and always refers to the same file description; as_raw_fd always
+    // returns that same fd.
+    unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(
+            FdOwner(owner),
+            tokio::io::Interest::READABLE,
+        )
+    }
+    .map_err(|e| Error::Verb {
+        verb: "AsyncFd::register",
+        errno: Errno(std::io::Error::from(e).raw_os_error().unwrap_or(0)),
+    })
+}

@@ -1,0 +1,405 @@
+//! Device tests: need an RDMA device (Soft-RoCE VM: see README / crate docs).
+//! Without one they print `SKIP` and pass, unless `SOFTROCE_IN_VM=1` or
+//! `RDMA_TEST_REQUIRE_DEVICE=1` is set, in which case they fail loudly.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use rdma_transport::{connect, devices, global_stats, Config, Connection, Error, Listener};
+
+fn required() -> bool {
+    std::env::var("SOFTROCE_IN_VM").as_deref() == Ok("1")
+        || std::env::var("RDMA_TEST_REQUIRE_DEVICE").as_deref() == Ok("1")
+}
+
+/// The address to use, or None (after printing SKIP) when there is no device.
+fn device_ip(test: &str) -> Option<IpAddr> {
+    let reason = match devices() {
+        Ok(d) if d.is_empty() => "devices() is empty".to_string(),
+        Ok(_) => match std::env::var("SOFTROCE_IP").or_else(|_| std::env::var("RDMA_TEST_IP")) {
+            Ok(ip) => return Some(ip.parse().expect("SOFTROCE_IP/RDMA_TEST_IP must be an IP")),
+            Err(_) => "SOFTROCE_IP / RDMA_TEST_IP not set".to_string(),
+        },
+        Err(e) => format!("devices() failed: {e}"),
+    };
+    if required() {
+        panic!("{test}: RDMA device required but unavailable: {reason}");
+    }
+    println!("SKIP {test}: no RDMA device ({reason})");
+    None
+}
+
+fn pattern(seed: u64, len: usize) -> Bytes {
+    let mut v = vec![0u8; len];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in v.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+    Bytes::from(v)
+}
+
+async fn pair(ip: IpAddr, cfg: &Config) -> (Connection, Connection) {
+    let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone())
+        .await
+        .expect("bind");
+    let addr = l.local_addr();
+    assert_ne!(addr.port(), 0);
+    let acc = tokio::spawn(async move { l.accept().await.map(|c| (c, l)) });
+    let c = connect(addr, cfg).await.expect("connect");
+    let (s, _l) = acc.await.unwrap().expect("accept");
+    (c, s)
+}
+
+fn rnr_counters() -> String {
+    let mut out = String::new();
+    if let Ok(rd) = std::fs::read_dir("/sys/class/infiniband") {
+        for dev in rd.flatten() {
+            let dir = dev.path().join("ports/1/hw_counters");
+            for name in ["rnr_nak_retry_err", "rcvd_rnr_err", "send_rnr_err", "rcvd_seq_err", "retry_exceeded_err"] {
+                if let Ok(v) = std::fs::read_to_string(dir.join(name)) {
+                    out += &format!("{}:{}={} ", dev.file_name().to_string_lossy(), name, v.trim());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn rnr_sum() -> u64 {
+    let mut sum = 0;
+    if let Ok(rd) = std::fs::read_dir("/sys/class/infiniband") {
+        for dev in rd.flatten() {
+            let dir = dev.path().join("ports/1/hw_counters");
+            for name in ["rnr_nak_retry_err", "rcvd_rnr_err", "send_rnr_err"] {
+                if let Ok(v) = std::fs::read_to_string(dir.join(name)) {
+                    sum += v.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
+    }
+    sum
+}
+
+#[test]
+fn devices_never_crash() {
+    let d = devices().expect("devices() must not fail");
+    println!("devices: {d:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_device_or_no_listener_is_clean_error() {
+    let cfg = Config {
+        connect_timeout: Duration::from_secs(3),
+        ..Config::default()
+    };
+    let ip = match device_ip("no_device_or_no_listener_is_clean_error") {
+        Some(ip) => ip,
+        None => {
+            // Host without RDMA: connecting must fail cleanly with a fallback reason.
+            if devices().map(|d| d.is_empty()).unwrap_or(true) {
+                let r = connect("127.0.0.1:7471".parse().unwrap(), &cfg).await;
+                let e = r.err().expect("must fail");
+                println!("host connect error: {e}");
+                assert!(e.is_unavailable_for_fallback(), "{e:?}");
+            }
+            return;
+        }
+    };
+    let t = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        connect(SocketAddr::new(ip, 1), &cfg),
+    )
+    .await
+    .expect("connect to a port without listener must not hang");
+    let e = r.err().expect("no listener: must fail");
+    println!("no listener: {e} ({:?}) after {:?}", e, t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(5));
+    assert!(e.is_unavailable_for_fallback(), "{e:?}");
+    // An address that is not RDMA-reachable.
+    let t = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        connect("10.255.255.1:7471".parse().unwrap(), &cfg),
+    )
+    .await
+    .expect("must not hang");
+    let e = r.err().expect("unreachable address must fail");
+    println!("unreachable address: {e} ({:?}) after {:?}", e, t.elapsed());
+    assert!(e.is_unavailable_for_fallback(), "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_sizes_integrity() {
+    let Some(ip) = device_ip("message_sizes_integrity") else { return };
+    let cfg = Config::default();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let (c, s) = pair(ip, &cfg).await;
+        let cstats = c.stats();
+        let (mut tx, _crx) = c.split();
+        let (_stx, mut rx) = s.split();
+        let inl = cfg.max_inline_bytes as usize - 32;
+        let thr = cfg.rendezvous_threshold_bytes;
+        let sizes = [
+            0, 1, inl - 1, inl, inl + 1, thr - 1, thr, thr + 1,
+            cfg.rendezvous_buffer_bytes, cfg.rendezvous_buffer_bytes + 1,
+            1 << 20, 64 << 20,
+        ];
+        let before = global_stats();
+        let t = Instant::now();
+        let sender = tokio::spawn(async move {
+            for (i, &n) in sizes.iter().enumerate() {
+                tx.send(pattern(i as u64, n)).await.expect("send");
+            }
+            tx.close().await;
+            tx
+        });
+        for (i, &n) in sizes.iter().enumerate() {
+            let m = rx.recv().await.expect("recv").expect("message");
+            assert_eq!(m.len(), n, "size of message {i}");
+            assert!(m == pattern(i as u64, n), "content of message {i} ({n} bytes)");
+        }
+        assert!(rx.recv().await.expect("clean close").is_none());
+        let _tx = sender.await.unwrap();
+        let el = t.elapsed();
+        let after = global_stats();
+        let st = cstats.snapshot();
+        println!("sizes ok in {el:?}; conn stats {st:?}");
+        assert!(after.rendezvous_writes > before.rendezvous_writes, "WRITE path taken");
+        assert!(st.rendezvous_writes >= (64 << 20) / cfg.rendezvous_buffer_bytes as u64);
+        assert!(st.inline_sends > 0, "inline sends used");
+    })
+    .await
+    .expect("timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_small_messages_in_order_no_rnr() {
+    let Some(ip) = device_ip("many_small_messages_in_order_no_rnr") else { return };
+    let cfg = Config::default();
+    const N: u64 = 100_000;
+    tokio::time::timeout(Duration::from_secs(180), async {
+        let rnr0 = rnr_sum();
+        println!("hw counters before: {}", rnr_counters());
+        let (c, s) = pair(ip, &cfg).await;
+        let (mut tx, _crx) = c.split();
+        let sstats = s.stats();
+        let (_stx, mut rx) = s.split();
+        let t = Instant::now();
+        let sender = tokio::spawn(async move {
+            for i in 0..N {
+                let mut v = i.to_le_bytes().to_vec();
+                v.resize(8 + (i % 56) as usize, i as u8);
+                tx.send(Bytes::from(v)).await.expect("send");
+            }
+            tx.close().await;
+            tx
+        });
+        for i in 0..N {
+            let m = rx.recv().await.expect("recv").expect("msg");
+            assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), i, "order");
+            assert_eq!(m.len(), 8 + (i % 56) as usize);
+        }
+        assert!(rx.recv().await.unwrap().is_none());
+        let _ = sender.await.unwrap();
+        let el = t.elapsed();
+        println!(
+            "{N} msgs in {el:?} ({:.0} msg/s); receiver stats {:?}",
+            N as f64 / el.as_secs_f64(),
+            sstats.snapshot()
+        );
+        println!("hw counters after: {}", rnr_counters());
+        assert!(sstats.snapshot().credit_msgs > 0, "one-way: explicit credit messages");
+        assert_eq!(rnr_sum(), rnr0, "RNR counters moved");
+    })
+    .await
+    .expect("timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_directions_at_once() {
+    let Some(ip) = device_ip("both_directions_at_once") else { return };
+    let cfg = Config::default();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let (c, s) = pair(ip, &cfg).await;
+        let sizes: Vec<usize> = (0..600).map(|i| [10, 3000, 4097, 100_000, 0][i % 5]).collect();
+        let mut tasks = Vec::new();
+        for (conn, seed) in [(c, 1u64), (s, 2u64)] {
+            let (mut tx, mut rx) = conn.split();
+            let sz = sizes.clone();
+            tasks.push(tokio::spawn(async move {
+                for (i, &n) in sz.iter().enumerate() {
+                    tx.send(pattern(seed * 1_000_000 + i as u64, n)).await.unwrap();
+                }
+                tx.close().await;
+            }));
+            let sz = sizes.clone();
+            let other = 3 - seed;
+            tasks.push(tokio::spawn(async move {
+                for (i, &n) in sz.iter().enumerate() {
+                    let m = rx.recv().await.unwrap().unwrap();
+                    assert!(m == pattern(other * 1_000_000 + i as u64, n), "msg {i}");
+                }
+                assert!(rx.recv().await.unwrap().is_none());
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    })
+    .await
+    .expect("timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_connections_concurrently() {
+    let Some(ip) = device_ip("eight_connections_concurrently") else { return };
+    let cfg = Config {
+        rendezvous_buffers: 4,
+        rendezvous_buffer_bytes: 64 * 1024,
+        ..Config::default()
+    };
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone()).await.unwrap();
+        let addr = l.local_addr();
+        // Echo server: accept 8, echo everything back.
+        let server = tokio::spawn(async move {
+            let mut hs = Vec::new();
+            for _ in 0..8 {
+                let conn = l.accept().await.expect("accept");
+                hs.push(tokio::spawn(async move {
+                    let (mut tx, mut rx) = conn.split();
+                    while let Some(m) = rx.recv().await.expect("server recv") {
+                        tx.send(m).await.expect("echo");
+                    }
+                    tx.close().await;
+                }));
+            }
+            for h in hs {
+                h.await.unwrap();
+            }
+        });
+        let mut clients = Vec::new();
+        for k in 0..8u64 {
+            let cfg = cfg.clone();
+            clients.push(tokio::spawn(async move {
+                let conn = connect(addr, &cfg).await.expect("connect");
+                let (mut tx, mut rx) = conn.split();
+                let w = tokio::spawn(async move {
+                    for i in 0..300u64 {
+                        tx.send(pattern(k * 10_000 + i, (i as usize * 997) % 20_000)).await.unwrap();
+                    }
+                    tx.close().await;
+                    tx
+                });
+                for i in 0..300u64 {
+                    let m = rx.recv().await.unwrap().unwrap();
+                    assert!(m == pattern(k * 10_000 + i, (i as usize * 997) % 20_000));
+                }
+                assert!(rx.recv().await.unwrap().is_none());
+                let _ = w.await.unwrap();
+            }));
+        }
+        for c in clients {
+            c.await.unwrap();
+        }
+        server.await.unwrap();
+    })
+    .await
+    .expect("timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_too_large_and_drop_semantics() {
+    let Some(ip) = device_ip("message_too_large_and_drop_semantics") else { return };
+    let cfg = Config {
+        max_message_bytes: 1 << 20,
+        ..Config::default()
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (c, s) = pair(ip, &cfg).await;
+        let (mut tx, crx) = c.split();
+        assert_eq!(tx.max_message_len(), 1 << 20);
+        let e = tx.send(Bytes::from(vec![0u8; (1 << 20) + 1])).await.unwrap_err();
+        assert!(matches!(e, Error::MessageTooLarge { .. }), "{e:?}");
+        tx.send(pattern(5, 1 << 20)).await.unwrap();
+        // Drop both client halves without close: implicit close after flush.
+        drop(tx);
+        drop(crx);
+        let (_stx, mut rx) = s.split();
+        let m = rx.recv().await.unwrap().unwrap();
+        assert!(m == pattern(5, 1 << 20));
+        assert!(rx.recv().await.unwrap().is_none());
+    })
+    .await
+    .expect("timeout");
+}
+
+const CHILD_ENV: &str = "RDMA_TEST_CHILD_CONNECT";
+
+/// Child role for `peer_killed_mid_transfer` (no-op unless the env var is set).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_role_sender() {
+    let Ok(addr) = std::env::var(CHILD_ENV) else { return };
+    let conn = connect(addr.parse().unwrap(), &Config::default()).await.expect("child connect");
+    let (mut tx, _rx) = conn.split();
+    let mut i = 0u64;
+    loop {
+        // Mix of eager and rendezvous messages, forever, until killed.
+        let _ = tx.send(pattern(i, if i % 3 == 0 { 200_000 } else { 100 })).await;
+        i += 1;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_killed_mid_transfer() {
+    let Some(ip) = device_ip("peer_killed_mid_transfer") else { return };
+    let cfg = Config::default();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone()).await.unwrap();
+        let addr = l.local_addr();
+        let exe = std::env::current_exe().unwrap();
+        let mut child = std::process::Command::new(exe)
+            .args(["--exact", "child_role_sender", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, addr.to_string())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        let conn = l.accept().await.expect("accept");
+        let (mut tx, mut rx) = conn.split();
+        for _ in 0..50 {
+            rx.recv().await.expect("recv before kill").expect("msg");
+        }
+        child.kill().expect("SIGKILL child");
+        let killed = Instant::now();
+        let _ = child.wait();
+        let r = loop {
+            match rx.recv().await {
+                Ok(Some(_)) => continue,
+                other => break other,
+            }
+        };
+        let el = killed.elapsed();
+        println!("recv after kill: {r:?} after {el:?}");
+        assert!(r.is_err(), "killed peer must be an error, not a clean close");
+        assert!(el < Duration::from_secs(10), "error took {el:?}");
+        let t = Instant::now();
+        let mut e = None;
+        for _ in 0..1000 {
+            if let Err(x) = tx.send(Bytes::from_static(b"x")).await {
+                e = Some(x);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        println!("send after kill: {e:?} after {:?}", t.elapsed());
+        assert!(e.is_some(), "send must fail after peer death");
+    })
+    .await
+    .expect("timeout: peer death not detected");
+}
