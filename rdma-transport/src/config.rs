@@ -7,11 +7,10 @@ use crate::error::Error;
 
 /// Per-connection (and a few process-wide) limits and tunables.
 ///
-/// Registered memory per connection is
-/// `recv_slots * recv_slot_bytes + send_slots * recv_slot_bytes
-///  + 2 * rendezvous_buffers * rendezvous_buffer_bytes`
-/// (receive ring, send ring, advertised rendezvous region, staging region):
-/// 5 MiB with the defaults.
+/// Registered memory per connection is `recv_slots * recv_slot_bytes +
+/// send_slots * recv_slot_bytes + 2 * rendezvous_buffers *
+/// rendezvous_buffer_bytes` (receive ring, send ring, advertised rendezvous
+/// region, staging region): 5 MiB with the defaults.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Receive buffers pre-posted per connection = initial credits of the

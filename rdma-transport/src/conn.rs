@@ -40,10 +40,7 @@ async fn next_event(chan: &Arc<EventChannel>, afd: &CmFd) -> Result<CmEvent, Err
         if let Some(e) = chan.try_get()? {
             return Ok(e);
         }
-        let mut g = afd
-            .readable()
-            .await
-            .map_err(|e| io_err("AsyncFd(cm)", e))?;
+        let mut g = afd.readable().await.map_err(|e| io_err("AsyncFd(cm)", e))?;
         match chan.try_get()? {
             Some(e) => return Ok(e),
             None => g.clear_ready(),
@@ -210,9 +207,8 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
         .await
         .map_err(|_| Error::Timeout { stage: "connect" })??;
     let peer_hello = match e.kind {
-        ev::RDMA_CM_EVENT_ESTABLISHED => {
-            Hello::decode(&e.private_data).map_err(|m| Error::Protocol(format!("accept data: {m}")))?
-        }
+        ev::RDMA_CM_EVENT_ESTABLISHED => Hello::decode(&e.private_data)
+            .map_err(|m| Error::Protocol(format!("accept data: {m}")))?,
         ev::RDMA_CM_EVENT_REJECTED => {
             let reason = String::from_utf8(e.private_data.clone())
                 .ok()
@@ -261,7 +257,9 @@ impl Listener {
         let afd = async_fd(chan.clone())?;
         let id = CmId::new(&chan)?;
         id.bind(addr).map_err(|e| match e {
-            Error::Verb { errno, .. } if errno.0 == libc::ENODEV || errno.0 == libc::EADDRNOTAVAIL => {
+            Error::Verb { errno, .. }
+                if errno.0 == libc::ENODEV || errno.0 == libc::EADDRNOTAVAIL =>
+            {
                 Error::NoDevice(format!("rdma_bind_addr({addr}): {errno}"))
             }
             e => e,
@@ -695,7 +693,7 @@ impl Driver {
             }
             if did {
                 spins += 1;
-                if spins % 64 == 0 {
+                if spins.is_multiple_of(64) {
                     tokio::task::yield_now().await;
                 }
                 continue;

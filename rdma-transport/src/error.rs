@@ -9,7 +9,12 @@ pub struct Errno(pub i32);
 
 impl fmt::Display for Errno {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (errno {})", std::io::Error::from_raw_os_error(self.0), self.0)
+        write!(
+            f,
+            "{} (errno {})",
+            std::io::Error::from_raw_os_error(self.0),
+            self.0
+        )
     }
 }
 

@@ -50,7 +50,9 @@ impl RegisteredBuf {
         let raw = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
-            return Err(Error::ResourceLimit(format!("allocation of {len} bytes failed")));
+            return Err(Error::ResourceLimit(format!(
+                "allocation of {len} bytes failed"
+            )));
         };
         let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
         if remote_write {
@@ -182,7 +184,14 @@ impl ConnMemory {
                 // SAFETY: slot is inside the registered recv pool (checked);
                 // the pool outlives the QP (field order + destroy_qp); the
                 // engine does not touch this slot until its completion.
-                unsafe { qp.post_recv(wr_id, addr, self.sz.recv_slot_bytes as u32, self.recv.lkey()) }
+                unsafe {
+                    qp.post_recv(
+                        wr_id,
+                        addr,
+                        self.sz.recv_slot_bytes as u32,
+                        self.recv.lkey(),
+                    )
+                }
             }
             Action::PostSend {
                 slot,
@@ -197,7 +206,15 @@ impl ConnMemory {
                 // SAFETY: range inside the registered send pool; the engine
                 // reuses the slot only after a covering completion.
                 unsafe {
-                    qp.post_send(wr_id, addr, len as u32, self.send.lkey(), signaled, inline, None)
+                    qp.post_send(
+                        wr_id,
+                        addr,
+                        len as u32,
+                        self.send.lkey(),
+                        signaled,
+                        inline,
+                        None,
+                    )
                 }
             }
             Action::PostWrite {

@@ -54,15 +54,51 @@ pub(crate) static GLOBAL: ConnStats = ConnStats::new_const();
 impl ConnStats {
     pub(crate) fn add_delta(&self, now: &EngineCounters, last: &EngineCounters) {
         let pairs = [
-            (&self.msgs_sent, &GLOBAL.msgs_sent, now.msgs_sent - last.msgs_sent),
-            (&self.msgs_recv, &GLOBAL.msgs_recv, now.msgs_recv - last.msgs_recv),
-            (&self.bytes_sent, &GLOBAL.bytes_sent, now.bytes_sent - last.bytes_sent),
-            (&self.bytes_recv, &GLOBAL.bytes_recv, now.bytes_recv - last.bytes_recv),
-            (&self.eager_sends, &GLOBAL.eager_sends, now.eager_sends - last.eager_sends),
-            (&self.inline_sends, &GLOBAL.inline_sends, now.inline_sends - last.inline_sends),
-            (&self.rendezvous_writes, &GLOBAL.rendezvous_writes, now.rdv_writes - last.rdv_writes),
-            (&self.rendezvous_bytes, &GLOBAL.rendezvous_bytes, now.rdv_bytes - last.rdv_bytes),
-            (&self.credit_msgs, &GLOBAL.credit_msgs, now.credit_msgs - last.credit_msgs),
+            (
+                &self.msgs_sent,
+                &GLOBAL.msgs_sent,
+                now.msgs_sent - last.msgs_sent,
+            ),
+            (
+                &self.msgs_recv,
+                &GLOBAL.msgs_recv,
+                now.msgs_recv - last.msgs_recv,
+            ),
+            (
+                &self.bytes_sent,
+                &GLOBAL.bytes_sent,
+                now.bytes_sent - last.bytes_sent,
+            ),
+            (
+                &self.bytes_recv,
+                &GLOBAL.bytes_recv,
+                now.bytes_recv - last.bytes_recv,
+            ),
+            (
+                &self.eager_sends,
+                &GLOBAL.eager_sends,
+                now.eager_sends - last.eager_sends,
+            ),
+            (
+                &self.inline_sends,
+                &GLOBAL.inline_sends,
+                now.inline_sends - last.inline_sends,
+            ),
+            (
+                &self.rendezvous_writes,
+                &GLOBAL.rendezvous_writes,
+                now.rdv_writes - last.rdv_writes,
+            ),
+            (
+                &self.rendezvous_bytes,
+                &GLOBAL.rendezvous_bytes,
+                now.rdv_bytes - last.rdv_bytes,
+            ),
+            (
+                &self.credit_msgs,
+                &GLOBAL.credit_msgs,
+                now.credit_msgs - last.credit_msgs,
+            ),
         ];
         for (c, g, d) in pairs {
             if d != 0 {

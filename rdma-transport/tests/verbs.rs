@@ -60,9 +60,20 @@ fn rnr_counters() -> String {
     if let Ok(rd) = std::fs::read_dir("/sys/class/infiniband") {
         for dev in rd.flatten() {
             let dir = dev.path().join("ports/1/hw_counters");
-            for name in ["rnr_nak_retry_err", "rcvd_rnr_err", "send_rnr_err", "rcvd_seq_err", "retry_exceeded_err"] {
+            for name in [
+                "rnr_nak_retry_err",
+                "rcvd_rnr_err",
+                "send_rnr_err",
+                "rcvd_seq_err",
+                "retry_exceeded_err",
+            ] {
                 if let Ok(v) = std::fs::read_to_string(dir.join(name)) {
-                    out += &format!("{}:{}={} ", dev.file_name().to_string_lossy(), name, v.trim());
+                    out += &format!(
+                        "{}:{}={} ",
+                        dev.file_name().to_string_lossy(),
+                        name,
+                        v.trim()
+                    );
                 }
             }
         }
@@ -136,7 +147,9 @@ async fn no_device_or_no_listener_is_clean_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn message_sizes_integrity() {
-    let Some(ip) = device_ip("message_sizes_integrity") else { return };
+    let Some(ip) = device_ip("message_sizes_integrity") else {
+        return;
+    };
     let cfg = Config::default();
     tokio::time::timeout(Duration::from_secs(120), async {
         let (c, s) = pair(ip, &cfg).await;
@@ -146,9 +159,18 @@ async fn message_sizes_integrity() {
         let inl = cfg.max_inline_bytes as usize - 32;
         let thr = cfg.rendezvous_threshold_bytes;
         let sizes = [
-            0, 1, inl - 1, inl, inl + 1, thr - 1, thr, thr + 1,
-            cfg.rendezvous_buffer_bytes, cfg.rendezvous_buffer_bytes + 1,
-            1 << 20, 64 << 20,
+            0,
+            1,
+            inl - 1,
+            inl,
+            inl + 1,
+            thr - 1,
+            thr,
+            thr + 1,
+            cfg.rendezvous_buffer_bytes,
+            cfg.rendezvous_buffer_bytes + 1,
+            1 << 20,
+            64 << 20,
         ];
         let before = global_stats();
         let t = Instant::now();
@@ -162,7 +184,10 @@ async fn message_sizes_integrity() {
         for (i, &n) in sizes.iter().enumerate() {
             let m = rx.recv().await.expect("recv").expect("message");
             assert_eq!(m.len(), n, "size of message {i}");
-            assert!(m == pattern(i as u64, n), "content of message {i} ({n} bytes)");
+            assert!(
+                m == pattern(i as u64, n),
+                "content of message {i} ({n} bytes)"
+            );
         }
         assert!(rx.recv().await.expect("clean close").is_none());
         let _tx = sender.await.unwrap();
@@ -170,7 +195,10 @@ async fn message_sizes_integrity() {
         let after = global_stats();
         let st = cstats.snapshot();
         println!("sizes ok in {el:?}; conn stats {st:?}");
-        assert!(after.rendezvous_writes > before.rendezvous_writes, "WRITE path taken");
+        assert!(
+            after.rendezvous_writes > before.rendezvous_writes,
+            "WRITE path taken"
+        );
         assert!(st.rendezvous_writes >= (64 << 20) / cfg.rendezvous_buffer_bytes as u64);
         assert!(st.inline_sends > 0, "inline sends used");
     })
@@ -180,7 +208,9 @@ async fn message_sizes_integrity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_small_messages_in_order_no_rnr() {
-    let Some(ip) = device_ip("many_small_messages_in_order_no_rnr") else { return };
+    let Some(ip) = device_ip("many_small_messages_in_order_no_rnr") else {
+        return;
+    };
     let cfg = Config::default();
     const N: u64 = 100_000;
     tokio::time::timeout(Duration::from_secs(180), async {
@@ -214,7 +244,10 @@ async fn many_small_messages_in_order_no_rnr() {
             sstats.snapshot()
         );
         println!("hw counters after: {}", rnr_counters());
-        assert!(sstats.snapshot().credit_msgs > 0, "one-way: explicit credit messages");
+        assert!(
+            sstats.snapshot().credit_msgs > 0,
+            "one-way: explicit credit messages"
+        );
         assert_eq!(rnr_sum(), rnr0, "RNR counters moved");
     })
     .await
@@ -223,18 +256,24 @@ async fn many_small_messages_in_order_no_rnr() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_directions_at_once() {
-    let Some(ip) = device_ip("both_directions_at_once") else { return };
+    let Some(ip) = device_ip("both_directions_at_once") else {
+        return;
+    };
     let cfg = Config::default();
     tokio::time::timeout(Duration::from_secs(120), async {
         let (c, s) = pair(ip, &cfg).await;
-        let sizes: Vec<usize> = (0..600).map(|i| [10, 3000, 4097, 100_000, 0][i % 5]).collect();
+        let sizes: Vec<usize> = (0..600)
+            .map(|i| [10, 3000, 4097, 100_000, 0][i % 5])
+            .collect();
         let mut tasks = Vec::new();
         for (conn, seed) in [(c, 1u64), (s, 2u64)] {
             let (mut tx, mut rx) = conn.split();
             let sz = sizes.clone();
             tasks.push(tokio::spawn(async move {
                 for (i, &n) in sz.iter().enumerate() {
-                    tx.send(pattern(seed * 1_000_000 + i as u64, n)).await.unwrap();
+                    tx.send(pattern(seed * 1_000_000 + i as u64, n))
+                        .await
+                        .unwrap();
                 }
                 tx.close().await;
             }));
@@ -258,14 +297,18 @@ async fn both_directions_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_connections_concurrently() {
-    let Some(ip) = device_ip("eight_connections_concurrently") else { return };
+    let Some(ip) = device_ip("eight_connections_concurrently") else {
+        return;
+    };
     let cfg = Config {
         rendezvous_buffers: 4,
         rendezvous_buffer_bytes: 64 * 1024,
         ..Config::default()
     };
     tokio::time::timeout(Duration::from_secs(120), async {
-        let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone()).await.unwrap();
+        let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone())
+            .await
+            .unwrap();
         let addr = l.local_addr();
         // Echo server: accept 8, echo everything back.
         let server = tokio::spawn(async move {
@@ -292,7 +335,9 @@ async fn eight_connections_concurrently() {
                 let (mut tx, mut rx) = conn.split();
                 let w = tokio::spawn(async move {
                     for i in 0..300u64 {
-                        tx.send(pattern(k * 10_000 + i, (i as usize * 997) % 20_000)).await.unwrap();
+                        tx.send(pattern(k * 10_000 + i, (i as usize * 997) % 20_000))
+                            .await
+                            .unwrap();
                     }
                     tx.close().await;
                     tx
@@ -316,7 +361,9 @@ async fn eight_connections_concurrently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn message_too_large_and_drop_semantics() {
-    let Some(ip) = device_ip("message_too_large_and_drop_semantics") else { return };
+    let Some(ip) = device_ip("message_too_large_and_drop_semantics") else {
+        return;
+    };
     let cfg = Config {
         max_message_bytes: 1 << 20,
         ..Config::default()
@@ -325,7 +372,10 @@ async fn message_too_large_and_drop_semantics() {
         let (c, s) = pair(ip, &cfg).await;
         let (mut tx, crx) = c.split();
         assert_eq!(tx.max_message_len(), 1 << 20);
-        let e = tx.send(Bytes::from(vec![0u8; (1 << 20) + 1])).await.unwrap_err();
+        let e = tx
+            .send(Bytes::from(vec![0u8; (1 << 20) + 1]))
+            .await
+            .unwrap_err();
         assert!(matches!(e, Error::MessageTooLarge { .. }), "{e:?}");
         tx.send(pattern(5, 1 << 20)).await.unwrap();
         // Drop both client halves without close: implicit close after flush.
@@ -345,27 +395,42 @@ const CHILD_ENV: &str = "RDMA_TEST_CHILD_CONNECT";
 /// Child role for `peer_killed_mid_transfer` (no-op unless the env var is set).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_role_sender() {
-    let Ok(addr) = std::env::var(CHILD_ENV) else { return };
-    let conn = connect(addr.parse().unwrap(), &Config::default()).await.expect("child connect");
+    let Ok(addr) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let conn = connect(addr.parse().unwrap(), &Config::default())
+        .await
+        .expect("child connect");
     let (mut tx, _rx) = conn.split();
     let mut i = 0u64;
     loop {
         // Mix of eager and rendezvous messages, forever, until killed.
-        let _ = tx.send(pattern(i, if i % 3 == 0 { 200_000 } else { 100 })).await;
+        let _ = tx
+            .send(pattern(i, if i.is_multiple_of(3) { 200_000 } else { 100 }))
+            .await;
         i += 1;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_killed_mid_transfer() {
-    let Some(ip) = device_ip("peer_killed_mid_transfer") else { return };
+    let Some(ip) = device_ip("peer_killed_mid_transfer") else {
+        return;
+    };
     let cfg = Config::default();
     tokio::time::timeout(Duration::from_secs(60), async {
-        let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone()).await.unwrap();
+        let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone())
+            .await
+            .unwrap();
         let addr = l.local_addr();
         let exe = std::env::current_exe().unwrap();
         let mut child = std::process::Command::new(exe)
-            .args(["--exact", "child_role_sender", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "child_role_sender",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD_ENV, addr.to_string())
             .stdout(std::process::Stdio::null())
             .spawn()
@@ -386,7 +451,10 @@ async fn peer_killed_mid_transfer() {
         };
         let el = killed.elapsed();
         println!("recv after kill: {r:?} after {el:?}");
-        assert!(r.is_err(), "killed peer must be an error, not a clean close");
+        assert!(
+            r.is_err(),
+            "killed peer must be an error, not a clean close"
+        );
         assert!(el < Duration::from_secs(10), "error took {el:?}");
         let t = Instant::now();
         let mut e = None;

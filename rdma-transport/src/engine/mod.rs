@@ -414,7 +414,10 @@ impl Engine {
         let slot = (c.wr_id & 0xffff_ffff) as u32;
         let gen = ((c.wr_id >> 32) & 0xff_ffff) as u32;
         if slot >= self.cfg.recv_slots || self.recv_gen[slot as usize] != gen {
-            return Self::proto(format!("stale or unknown receive completion {:#x}", c.wr_id));
+            return Self::proto(format!(
+                "stale or unknown receive completion {:#x}",
+                c.wr_id
+            ));
         }
         let len = c.byte_len as usize;
         if len > self.cfg.recv_slot_bytes {
@@ -570,7 +573,10 @@ impl Engine {
         payload: &[u8],
         force_signal: bool,
     ) {
-        let slot = self.free_send.pop_front().expect("caller checked free slot");
+        let slot = self
+            .free_send
+            .pop_front()
+            .expect("caller checked free slot");
         self.fill_returns(&mut h);
         let b = bufs.send_slot(slot);
         h.encode(&mut b[..HDR_LEN]);

@@ -104,8 +104,20 @@ impl P {
 }
 
 enum Op {
-    Send { slot: u32, len: usize, wr_id: u64, signaled: bool },
-    Write { staging: u32, len: usize, addr: u64, rkey: u32, wr_id: u64, signaled: bool },
+    Send {
+        slot: u32,
+        len: usize,
+        wr_id: u64,
+        signaled: bool,
+    },
+    Write {
+        staging: u32,
+        len: usize,
+        addr: u64,
+        rkey: u32,
+        wr_id: u64,
+        signaled: bool,
+    },
 }
 
 struct Side {
@@ -140,19 +152,33 @@ impl Side {
                     assert_eq!((wr_id & 0xffff_ffff) as u32, slot);
                     self.posted.push_back(wr_id);
                 }
-                Action::PostSend { slot, len, wr_id, signaled, .. } => {
-                    self.wire.push_back(Op::Send { slot, len, wr_id, signaled })
-                }
-                Action::PostWrite { staging, len, remote_addr, rkey, wr_id, signaled } => {
-                    self.wire.push_back(Op::Write {
-                        staging,
-                        len,
-                        addr: remote_addr,
-                        rkey,
-                        wr_id,
-                        signaled,
-                    })
-                }
+                Action::PostSend {
+                    slot,
+                    len,
+                    wr_id,
+                    signaled,
+                    ..
+                } => self.wire.push_back(Op::Send {
+                    slot,
+                    len,
+                    wr_id,
+                    signaled,
+                }),
+                Action::PostWrite {
+                    staging,
+                    len,
+                    remote_addr,
+                    rkey,
+                    wr_id,
+                    signaled,
+                } => self.wire.push_back(Op::Write {
+                    staging,
+                    len,
+                    addr: remote_addr,
+                    rkey,
+                    wr_id,
+                    signaled,
+                }),
             }
         }
     }
@@ -179,27 +205,59 @@ impl Side {
 /// The "NIC": executes the next op `from` posted, reading the sender's
 /// memory at execution time (so premature buffer reuse corrupts data).
 fn deliver(from: &mut Side, to: &mut Side) -> bool {
-    let Some(op) = from.wire.pop_front() else { return false };
+    let Some(op) = from.wire.pop_front() else {
+        return false;
+    };
     match op {
-        Op::Send { slot, len, wr_id, signaled } => {
-            let rwr = to.posted.pop_front().expect("RNR: SEND with no posted receive");
+        Op::Send {
+            slot,
+            len,
+            wr_id,
+            signaled,
+        } => {
+            let rwr = to
+                .posted
+                .pop_front()
+                .expect("RNR: SEND with no posted receive");
             let rslot = (rwr & 0xffff_ffff) as usize;
             let src = from.mem.send_slot(slot)[..len].to_vec();
             assert!(len <= to.mem.slot, "SEND larger than receive slot");
             to.mem.recv[rslot * to.mem.slot..rslot * to.mem.slot + len].copy_from_slice(&src);
-            to.cq.push_back(Completion { wr_id: rwr, ok: true, status: 0, byte_len: len as u32 });
+            to.cq.push_back(Completion {
+                wr_id: rwr,
+                ok: true,
+                status: 0,
+                byte_len: len as u32,
+            });
             if signaled {
-                from.cq.push_back(Completion { wr_id, ok: true, status: 0, byte_len: 0 });
+                from.cq.push_back(Completion {
+                    wr_id,
+                    ok: true,
+                    status: 0,
+                    byte_len: 0,
+                });
             }
         }
-        Op::Write { staging, len, addr, rkey, wr_id, signaled } => {
+        Op::Write {
+            staging,
+            len,
+            addr,
+            rkey,
+            wr_id,
+            signaled,
+        } => {
             assert_eq!(rkey, 0x77);
             let off = (addr - RDV_BASE) as usize;
             assert!(off + len <= to.mem.rdv.len(), "WRITE out of bounds");
             let src = from.mem.staging(staging)[..len].to_vec();
             to.mem.rdv[off..off + len].copy_from_slice(&src);
             if signaled {
-                from.cq.push_back(Completion { wr_id, ok: true, status: 0, byte_len: 0 });
+                from.cq.push_back(Completion {
+                    wr_id,
+                    ok: true,
+                    status: 0,
+                    byte_len: 0,
+                });
             }
         }
     }
@@ -239,14 +297,14 @@ fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Sid
         steps += 1;
         assert!(steps < 10_000_000, "no progress (deadlock?)");
         // Submit with back-pressure like the driver: at most 2 queued.
-        if ia < a_msgs.len() && a.e.pending_msgs() < 2 && rng.next() % 3 == 0 {
+        if ia < a_msgs.len() && a.e.pending_msgs() < 2 && rng.next().is_multiple_of(3) {
             a.e.submit(pattern(ia as u64, a_msgs[ia]));
             ia += 1;
             if ia == a_msgs.len() {
                 a.e.close();
             }
         }
-        if ib < b_msgs.len() && b.e.pending_msgs() < 2 && rng.next() % 3 == 0 {
+        if ib < b_msgs.len() && b.e.pending_msgs() < 2 && rng.next().is_multiple_of(3) {
             b.e.submit(pattern(1_000_000 + ib as u64, b_msgs[ib]));
             ib += 1;
             if ib == b_msgs.len() {
@@ -305,7 +363,11 @@ fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Sid
     }
     assert_eq!(b.got.len(), a_msgs.len());
     for (i, m) in a.got.iter().enumerate() {
-        assert_eq!(m, &pattern(1_000_000 + i as u64, b_msgs[i]), "b->a message {i}");
+        assert_eq!(
+            m,
+            &pattern(1_000_000 + i as u64, b_msgs[i]),
+            "b->a message {i}"
+        );
     }
     assert_eq!(a.got.len(), b_msgs.len());
     (a, b)
@@ -316,7 +378,10 @@ fn one_way_small_no_rnr_and_credit_messages() {
     let p = P::small();
     let msgs: Vec<usize> = (0..5000).map(|i| i % 150).collect();
     let (a, b) = run_pair(p, p, &msgs, &[], 7);
-    assert!(b.e.counters.credit_msgs > 0, "one-way traffic needs credit messages");
+    assert!(
+        b.e.counters.credit_msgs > 0,
+        "one-way traffic needs credit messages"
+    );
     assert_eq!(a.e.counters.rdv_writes, 0);
     assert!(a.e.counters.inline_sends > 0);
 }
@@ -325,7 +390,18 @@ fn one_way_small_no_rnr_and_credit_messages() {
 fn threshold_boundary() {
     let p = P::small();
     let t = p.threshold;
-    let msgs = vec![0, 1, t - 1, t, t + 1, 4096, 4097, 3 * 4096, 3 * 4096 + 1, 20_000];
+    let msgs = vec![
+        0,
+        1,
+        t - 1,
+        t,
+        t + 1,
+        4096,
+        4097,
+        3 * 4096,
+        3 * 4096 + 1,
+        20_000,
+    ];
     let (a, _b) = run_pair(p, p, &msgs, &msgs, 3);
     // t+1 .. : 1+1+1+3+4+5 chunks
     assert_eq!(a.e.counters.rdv_writes, 1 + 1 + 2 + 3 + 4 + 5);
@@ -401,7 +477,14 @@ fn receiver() -> (Engine, Mem, P) {
     (e, p.mem(), p)
 }
 
-fn inject(e: &mut Engine, mem: &mut Mem, slot: u32, gen: u32, h: Header, extra: &[u8]) -> Result<(), EngineError> {
+fn inject(
+    e: &mut Engine,
+    mem: &mut Mem,
+    slot: u32,
+    gen: u32,
+    h: Header,
+    extra: &[u8],
+) -> Result<(), EngineError> {
     let base = slot as usize * mem.slot;
     h.encode(&mut mem.recv[base..base + HDR_LEN]);
     mem.recv[base + HDR_LEN..base + HDR_LEN + extra.len()].copy_from_slice(extra);
@@ -435,31 +518,83 @@ fn is_proto(r: Result<(), EngineError>) -> bool {
 #[test]
 fn malformed_notifications_rejected() {
     let (mut e, mut m, _) = receiver();
-    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(3, 10, 10, true), &[])), "unknown buffer");
+    assert!(
+        is_proto(inject(&mut e, &mut m, 0, 0, chunk(3, 10, 10, true), &[])),
+        "unknown buffer"
+    );
     let (mut e, mut m, _) = receiver();
-    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 4097, 5000, false), &[])), "oob len");
+    assert!(
+        is_proto(inject(
+            &mut e,
+            &mut m,
+            0,
+            0,
+            chunk(0, 4097, 5000, false),
+            &[]
+        )),
+        "oob len"
+    );
     let (mut e, mut m, _) = receiver();
     let mut h = chunk(0, 10, 10, true);
     h.addr += 1;
     assert!(is_proto(inject(&mut e, &mut m, 0, 0, h, &[])), "wrong addr");
     let (mut e, mut m, _) = receiver();
-    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(1, 10, 10, true), &[])), "out of order");
+    assert!(
+        is_proto(inject(&mut e, &mut m, 0, 0, chunk(1, 10, 10, true), &[])),
+        "out of order"
+    );
     let (mut e, mut m, _) = receiver();
-    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 10, 20, true), &[])), "bad LAST");
+    assert!(
+        is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 10, 20, true), &[])),
+        "bad LAST"
+    );
     let (mut e, mut m, _) = receiver();
-    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 0, 0, true), &[])), "empty chunk");
+    assert!(
+        is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 0, 0, true), &[])),
+        "empty chunk"
+    );
     let (mut e, mut m, _) = receiver();
-    assert!(is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 10, (1 << 30) + 1, false), &[])));
+    assert!(is_proto(inject(
+        &mut e,
+        &mut m,
+        0,
+        0,
+        chunk(0, 10, (1 << 30) + 1, false),
+        &[]
+    )));
     // stale generation
     let (mut e, mut m, _) = receiver();
-    assert!(is_proto(inject(&mut e, &mut m, 0, 5, Header::new(Kind::Credit), &[])));
+    assert!(is_proto(inject(
+        &mut e,
+        &mut m,
+        0,
+        5,
+        Header::new(Kind::Credit),
+        &[]
+    )));
     // unknown kind / short message
     let (mut e, mut m, _) = receiver();
     m.recv[0] = 99;
-    let r = e.on_completion(Completion { wr_id: recv_wr_id(0, 0), ok: true, status: 0, byte_len: 32 }, &m);
+    let r = e.on_completion(
+        Completion {
+            wr_id: recv_wr_id(0, 0),
+            ok: true,
+            status: 0,
+            byte_len: 32,
+        },
+        &m,
+    );
     assert!(is_proto(r));
     let (mut e, m, _) = receiver();
-    let r = e.on_completion(Completion { wr_id: recv_wr_id(0, 0), ok: true, status: 0, byte_len: 3 }, &m);
+    let r = e.on_completion(
+        Completion {
+            wr_id: recv_wr_id(0, 0),
+            ok: true,
+            status: 0,
+            byte_len: 3,
+        },
+        &m,
+    );
     assert!(is_proto(r));
     // too many credits returned
     let (mut e, mut m, _) = receiver();
@@ -482,14 +617,24 @@ fn reused_rendezvous_buffer_rejected() {
     for i in 0..3u32 {
         inject(&mut e, &mut m, i, 0, chunk(i, 4096, total, false), &[]).unwrap();
     }
-    assert!(is_proto(inject(&mut e, &mut m, 3, 0, chunk(0, 4096, total, true), &[])));
+    assert!(is_proto(inject(
+        &mut e,
+        &mut m,
+        3,
+        0,
+        chunk(0, 4096, total, true),
+        &[]
+    )));
     // After the return went out (progress sends a credit message), reuse is fine.
     let (mut e, mut m, _) = receiver();
     for i in 0..3u32 {
         inject(&mut e, &mut m, i, 0, chunk(i, 4096, total, false), &[]).unwrap();
     }
     e.progress(&mut m);
-    assert!(e.take_actions().iter().any(|a| matches!(a, Action::PostSend { .. })));
+    assert!(e
+        .take_actions()
+        .iter()
+        .any(|a| matches!(a, Action::PostSend { .. })));
     inject(&mut e, &mut m, 3, 0, chunk(0, 4096, total, true), &[]).unwrap();
     assert!(matches!(e.next_event(), Some(Event::Message(b)) if b.len() == total as usize));
 }
@@ -497,8 +642,22 @@ fn reused_rendezvous_buffer_rejected() {
 #[test]
 fn failed_completion_is_error() {
     let (mut e, m, _) = receiver();
-    let r = e.on_completion(Completion { wr_id: recv_wr_id(0, 0), ok: false, status: 5, byte_len: 0 }, &m);
-    assert_eq!(r, Err(EngineError::Completion { status: 5, recv: true }));
+    let r = e.on_completion(
+        Completion {
+            wr_id: recv_wr_id(0, 0),
+            ok: false,
+            status: 5,
+            byte_len: 0,
+        },
+        &m,
+    );
+    assert_eq!(
+        r,
+        Err(EngineError::Completion {
+            status: 5,
+            recv: true
+        })
+    );
 }
 
 proptest! {

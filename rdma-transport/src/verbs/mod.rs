@@ -192,8 +192,7 @@ impl Cq {
         cqe: i32,
     ) -> Result<Arc<Cq>, Error> {
         // SAFETY: valid context and channel (both kept alive by Arcs).
-        let ptr =
-            unsafe { ibv_create_cq(id.verbs(), cqe, std::ptr::null_mut(), chan.ptr, 0) };
+        let ptr = unsafe { ibv_create_cq(id.verbs(), cqe, std::ptr::null_mut(), chan.ptr, 0) };
         if ptr.is_null() {
             return Err(verb_err("ibv_create_cq"));
         }
@@ -348,13 +347,8 @@ impl Qp {
         let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
         // SAFETY: live QP; attr initialised; mask selects only the state.
-        let r = unsafe {
-            ibv_modify_qp(
-                self.qp,
-                &mut attr,
-                ibv_qp_attr_mask::IBV_QP_STATE.0 as i32,
-            )
-        };
+        let r =
+            unsafe { ibv_modify_qp(self.qp, &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) };
         if r != 0 {
             return Err(Error::Verb {
                 verb: "ibv_modify_qp(ERR)",
