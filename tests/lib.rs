@@ -1,1 +1,227 @@
+//! Test harness: one fixture per transport path, the same behaviour tests on each.
+//!
+//! * `Memory`: the call protocol over the in-memory connection;
+//! * `Tcp`: standard gRPC over HTTP/2 (tonic's transport) on loopback;
+//! * `Rdma`: the call protocol over rdma-transport. Needs an RDMA device: when
+//!   there is none the test prints `SKIP ...` and returns, unless the
+//!   environment says one is expected (`SOFTROCE_IN_VM=1` or
+//!   `RDMA_TEST_REQUIRE_DEVICE=1`), in which case it fails.
 
+use rpc_core::{Channel, MemoryServer, ServingHandle, Transport};
+use rpc_examples::echo::{EchoService, EchoStats};
+use rpc_examples::greeter::MyGreeter;
+use rpc_examples::pb::echo::echo_server::EchoServer;
+use rpc_examples::pb::helloworld::greeter_server::GreeterServer;
+use rpc_examples::pb::routeguide::route_guide_server::RouteGuideServer;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Message size limit the echo service is configured with in tests.
+pub const BIG_LIMIT: usize = 80 << 20;
+
+/// Which transport a test runs over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// In-memory connection.
+    Memory,
+    /// HTTP/2 over TCP loopback.
+    Tcp,
+    /// RDMA (Soft-RoCE in the VM).
+    Rdma,
+}
+
+/// A running server and a channel to it.
+pub struct Fixture {
+    /// Channel to the server.
+    pub channel: Channel,
+    /// Counters of the echo handlers.
+    pub stats: Arc<EchoStats>,
+    /// Path under test.
+    pub path: Path,
+    server: Server,
+}
+
+enum Server {
+    Memory(MemoryServer),
+    Net(Option<ServingHandle>),
+}
+
+/// True when the environment says an RDMA device must be present.
+pub fn device_required() -> bool {
+    std::env::var("SOFTROCE_IN_VM").is_ok_and(|v| v == "1")
+        || std::env::var("RDMA_TEST_REQUIRE_DEVICE").is_ok_and(|v| v == "1")
+}
+
+/// The IP to use for RDMA tests.
+pub fn rdma_ip() -> Option<String> {
+    std::env::var("SOFTROCE_IP")
+        .or_else(|_| std::env::var("RDMA_TEST_IP"))
+        .ok()
+}
+
+/// The router every fixture serves: echo (with large limits), greeter, route guide.
+pub fn router(stats: Arc<EchoStats>) -> rpc_core::Router {
+    let echo = EchoService { stats };
+    rpc_core::Server::builder()
+        .add_service(
+            EchoServer::new(echo)
+                .max_decoding_message_size(BIG_LIMIT)
+                .max_encoding_message_size(BIG_LIMIT),
+        )
+        .add_service(GreeterServer::new(MyGreeter::default()))
+        .add_service(RouteGuideServer::new(rpc_examples::routeguide::service()))
+}
+
+impl Fixture {
+    /// Starts a server and connects a channel over `path`; `None` = skipped.
+    pub async fn start(path: Path) -> Option<Fixture> {
+        Self::start_with(path, router).await
+    }
+
+    /// As [`start`](Self::start) with a custom router.
+    pub async fn start_with(
+        path: Path,
+        make: impl FnOnce(Arc<EchoStats>) -> rpc_core::Router,
+    ) -> Option<Fixture> {
+        let stats = Arc::new(EchoStats::default());
+        let router = make(stats.clone());
+        match path {
+            Path::Memory => {
+                let server = router.into_memory();
+                let channel = server.channel().await.expect("in-memory channel");
+                Some(Fixture {
+                    channel,
+                    stats,
+                    path,
+                    server: Server::Memory(server),
+                })
+            }
+            Path::Tcp => {
+                let handle = router
+                    .start("127.0.0.1:0".parse().unwrap())
+                    .await
+                    .expect("server starts on loopback");
+                let channel = Channel::builder(handle.local_addr().to_string())
+                    .transport(Transport::TcpOnly)
+                    .connect()
+                    .await
+                    .expect("TCP channel");
+                Some(Fixture {
+                    channel,
+                    stats,
+                    path,
+                    server: Server::Net(Some(handle)),
+                })
+            }
+            Path::Rdma => {
+                let Some(ip) = rdma_ip() else {
+                    if device_required() {
+                        panic!("an RDMA device is required but SOFTROCE_IP / RDMA_TEST_IP is not set");
+                    }
+                    println!("SKIP: no RDMA test address (SOFTROCE_IP / RDMA_TEST_IP unset)");
+                    return None;
+                };
+                let handle = router
+                    .start(format!("{ip}:0").parse().expect("RDMA test IP parses"))
+                    .await
+                    .expect("server starts");
+                let Some(rdma_addr) = handle.rdma_addr() else {
+                    if device_required() {
+                        panic!("an RDMA device is required but the server has no RDMA listener");
+                    }
+                    println!("SKIP: no RDMA device for {ip}");
+                    return None;
+                };
+                let channel = Channel::builder(rdma_addr.to_string())
+                    .transport(Transport::RdmaOnly)
+                    .connect()
+                    .await
+                    .expect("RDMA channel");
+                assert_eq!(channel.transport().kind, rpc_core::TransportKind::Rdma);
+                Some(Fixture {
+                    channel,
+                    stats,
+                    path,
+                    server: Server::Net(Some(handle)),
+                })
+            }
+        }
+    }
+
+    /// A second, independent channel to the same server.
+    pub async fn new_channel(&self) -> Channel {
+        match &self.server {
+            Server::Memory(m) => m.channel().await.expect("in-memory channel"),
+            Server::Net(Some(h)) => {
+                let (addr, t) = match self.path {
+                    Path::Rdma => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
+                    _ => (h.local_addr(), Transport::TcpOnly),
+                };
+                Channel::builder(addr.to_string())
+                    .transport(t)
+                    .connect()
+                    .await
+                    .expect("channel")
+            }
+            Server::Net(None) => panic!("server already shut down"),
+        }
+    }
+
+    /// Shuts the server down gracefully.
+    pub async fn shutdown(&mut self) {
+        match &mut self.server {
+            Server::Memory(m) => m.shutdown().await,
+            Server::Net(h) => {
+                if let Some(h) = h.take() {
+                    h.shutdown().await.expect("clean shutdown");
+                }
+            }
+        }
+    }
+}
+
+/// Runs `test` on a fresh fixture for `path`, bounded by a timeout.
+pub async fn run<F, Fut>(path: Path, test: F)
+where
+    F: FnOnce(Fixture) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(fx) = Fixture::start(path).await else {
+        return;
+    };
+    let limit = match path {
+        Path::Rdma => Duration::from_secs(240),
+        _ => Duration::from_secs(60),
+    };
+    tokio::time::timeout(limit, test(fx))
+        .await
+        .unwrap_or_else(|_| panic!("test over {path:?} did not finish within {limit:?}"));
+}
+
+/// Waits until `cond` holds, up to `limit`; returns whether it did.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cond()
+}
+
+/// Declares one test per transport path for a behaviour `async fn(Fixture)`.
+#[macro_export]
+macro_rules! on_every_path {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() { rpc_tests::run(rpc_tests::Path::Memory, super::$name).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tcp() { rpc_tests::run(rpc_tests::Path::Tcp, super::$name).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rdma() { rpc_tests::run(rpc_tests::Path::Rdma, super::$name).await }
+        }
+    )*};
+}

@@ -8,6 +8,7 @@ use crate::{timeout, ConnInfo, Error, SessionConfig, Transport, TransportInfo, T
 use futures::future::BoxFuture;
 use http_body_util::BodyExt;
 use std::sync::Arc;
+use std::future::Future;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tonic::body::Body;
@@ -243,8 +244,28 @@ impl tower::Service<http::Request<Body>> for Channel {
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         match &mut self.inner {
             Inner::Tcp(c) => {
+                let timeout = req
+                    .headers()
+                    .get("grpc-timeout")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(timeout::parse);
                 let fut = tower::Service::call(c, req);
-                Box::pin(async move { fut.await.map_err(Into::into) })
+                Box::pin(async move {
+                    match fut.await {
+                        // The deadline covers the whole call, the response stream included.
+                        Ok(r) => Ok(match timeout {
+                            Some(t) => r.map(|b| Body::new(DeadlineBody::new(b, t))),
+                            None => r,
+                        }),
+                        // tonic's HTTP/2 channel reports an expired grpc-timeout as a
+                        // transport error (Cancelled); gRPC says DEADLINE_EXCEEDED,
+                        // as the message transports report it.
+                        Err(e) if is_timeout(&e) => {
+                            Ok(trailers_only(deadline_status(timeout.unwrap_or_default())))
+                        }
+                        Err(e) => Err(e.into()),
+                    }
+                })
             }
             Inner::Msg(m) => {
                 let m = m.clone();
@@ -257,6 +278,17 @@ impl tower::Service<http::Request<Body>> for Channel {
             }
         }
     }
+}
+
+fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// A response carrying only a status, as gRPC's "Trailers-Only".
@@ -405,4 +437,54 @@ fn deadline_status(t: Duration) -> Status {
         Code::DeadlineExceeded,
         format!("deadline exceeded: the call did not complete within {t:?}"),
     )
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that fails with DEADLINE_EXCEEDED once the call's deadline passes.
+    struct DeadlineBody {
+        #[pin]
+        inner: Body,
+        #[pin]
+        sleep: tokio::time::Sleep,
+        timeout: Duration,
+        expired: bool,
+    }
+}
+
+impl DeadlineBody {
+    fn new(inner: Body, timeout: Duration) -> Self {
+        DeadlineBody {
+            inner,
+            sleep: tokio::time::sleep(timeout),
+            timeout,
+            expired: false,
+        }
+    }
+}
+
+impl http_body::Body for DeadlineBody {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
+        let this = self.project();
+        if *this.expired {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(f) = this.inner.poll_frame(cx) {
+            return Poll::Ready(f);
+        }
+        if this.sleep.poll(cx).is_ready() {
+            *this.expired = true;
+            return Poll::Ready(Some(Err(deadline_status(*this.timeout))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.expired || self.inner.is_end_stream()
+    }
 }

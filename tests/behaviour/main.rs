@@ -1,1 +1,15 @@
-fn main(){}
+//! Behaviour tests: each module is one behaviour, run over the in-memory,
+//! TCP and RDMA paths (see `rpc_tests::on_every_path!`).
+
+mod cancel;
+mod client_streaming;
+mod concurrency;
+mod deadline;
+mod interceptors;
+mod large_messages;
+mod metadata;
+mod server_reset;
+mod server_streaming;
+mod status;
+mod unary;
+mod bidi;
