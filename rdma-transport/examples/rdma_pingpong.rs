@@ -1,0 +1,176 @@
+//! Ping-pong latency + streaming bandwidth over `rdma-transport`, in the
+//! spirit of `ibv_rc_pingpong` / `rping`.
+//!
+//! ```text
+//! rdma_pingpong --server 192.168.77.1:7471 [opts]     # one process
+//! rdma_pingpong --client 192.168.77.1:7471 [opts]     # another process
+//! rdma_pingpong --loopback 192.168.77.1 [opts]        # both ends in one process
+//! opts: --size BYTES (ping size, default 64) --iters N (default 1000)
+//!       --bw-size BYTES (default 1 MiB) --bw-iters N (default 32)
+//! ```
+//! In the Soft-RoCE VM (`$SOFTROCE_IP`):
+//! `run-in-softroce-vm.sh sh -c 'timeout 120 ./target/debug/examples/rdma_pingpong --loopback $SOFTROCE_IP'`
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+
+use bytes::Bytes;
+use rdma_transport::{connect, global_stats, Config, Connection, Error, Listener};
+
+struct Opts {
+    size: usize,
+    iters: usize,
+    bw_size: usize,
+    bw_iters: usize,
+}
+
+async fn server(conn: Connection, o: &Opts) -> Result<(), Error> {
+    let (mut tx, mut rx) = conn.split();
+    for _ in 0..o.iters {
+        let m = rx.recv().await?.ok_or(Error::Disconnected)?;
+        tx.send(m).await?;
+    }
+    let mut bytes = 0;
+    for _ in 0..o.bw_iters {
+        bytes += rx.recv().await?.ok_or(Error::Disconnected)?.len();
+    }
+    tx.send(Bytes::from((bytes as u64).to_le_bytes().to_vec()))
+        .await?;
+    tx.close().await;
+    let _ = rx.recv().await;
+    Ok(())
+}
+
+async fn client(conn: Connection, o: &Opts) -> Result<(), Error> {
+    let peer = conn.peer_addr();
+    let stats = conn.stats();
+    let (mut tx, mut rx) = conn.split();
+    let ping = Bytes::from(vec![0xabu8; o.size]);
+    let mut lat = Vec::with_capacity(o.iters);
+    for _ in 0..o.iters {
+        let t = Instant::now();
+        tx.send(ping.clone()).await?;
+        let m = rx.recv().await?.ok_or(Error::Disconnected)?;
+        lat.push(t.elapsed());
+        assert_eq!(m.len(), o.size);
+    }
+    lat.sort();
+    let avg = lat.iter().sum::<std::time::Duration>() / lat.len().max(1) as u32;
+    if !lat.is_empty() {
+        println!(
+            "peer {peer}: {} pings of {} B: RTT avg {:?}, p50 {:?}, p99 {:?}, min {:?} (one-way ~{:?})",
+            o.iters,
+            o.size,
+            avg,
+            lat[lat.len() / 2],
+            lat[lat.len() * 99 / 100],
+            lat[0],
+            avg / 2
+        );
+    }
+    let msg = Bytes::from(vec![0x5au8; o.bw_size]);
+    let t = Instant::now();
+    for _ in 0..o.bw_iters {
+        tx.send(msg.clone()).await?;
+    }
+    let ack = rx.recv().await?.ok_or(Error::Disconnected)?;
+    let el = t.elapsed();
+    let got = u64::from_le_bytes(ack[..8].try_into().unwrap());
+    assert_eq!(got as usize, o.bw_size * o.bw_iters);
+    println!(
+        "bandwidth: {} x {} B in {:?} = {:.2} MB/s",
+        o.bw_iters,
+        o.bw_size,
+        el,
+        got as f64 / el.as_secs_f64() / 1e6
+    );
+    tx.close().await;
+    let _ = rx.recv().await;
+    println!("connection stats: {:?}", stats.snapshot());
+    println!("global stats:     {:?}", global_stats());
+    Ok(())
+}
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: rdma_pingpong (--server ADDR:PORT | --client ADDR:PORT | --loopback IP) \
+         [--size B] [--iters N] [--bw-size B] [--bw-iters N]"
+    );
+    std::process::exit(2)
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut mode = None;
+    let mut o = Opts {
+        size: 64,
+        iters: 1000,
+        bw_size: 1 << 20,
+        bw_iters: 32,
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let v = args.get(i + 1).cloned().unwrap_or_else(|| usage());
+        match args[i].as_str() {
+            "--server" | "--client" | "--loopback" => mode = Some((args[i].clone(), v)),
+            "--size" => o.size = v.parse().unwrap_or_else(|_| usage()),
+            "--iters" => o.iters = v.parse().unwrap_or_else(|_| usage()),
+            "--bw-size" => o.bw_size = v.parse().unwrap_or_else(|_| usage()),
+            "--bw-iters" => o.bw_iters = v.parse().unwrap_or_else(|_| usage()),
+            _ => usage(),
+        }
+        i += 2;
+    }
+    let cfg = Config::default();
+    println!("devices: {:?}", rdma_transport::devices());
+    let r = match mode {
+        Some((m, a)) if m == "--server" => {
+            let addr: SocketAddr = a.parse().unwrap_or_else(|_| usage());
+            match Listener::bind(addr, cfg.clone()).await {
+                Ok(mut l) => {
+                    println!("listening on {}", l.local_addr());
+                    match l.accept().await {
+                        Ok(c) => server(c, &o).await,
+                        Err(e) => Err(e),
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Some((m, a)) if m == "--client" => {
+            let addr: SocketAddr = a.parse().unwrap_or_else(|_| usage());
+            match connect(addr, &cfg).await {
+                Ok(c) => client(c, &o).await,
+                Err(e) => Err(e),
+            }
+        }
+        Some((_, a)) => {
+            let ip: IpAddr = a.parse().unwrap_or_else(|_| usage());
+            loopback(ip, cfg, o).await
+        }
+        None => usage(),
+    };
+    if let Err(e) = r {
+        eprintln!(
+            "error: {e} (RDMA unavailable, TCP fallback would apply: {})",
+            e.is_unavailable_for_fallback()
+        );
+        std::process::exit(1);
+    }
+}
+
+async fn loopback(ip: IpAddr, cfg: Config, o: Opts) -> Result<(), Error> {
+    let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone()).await?;
+    let addr = l.local_addr();
+    println!("loopback via {addr}");
+    let o = std::sync::Arc::new(o);
+    let o2 = o.clone();
+    let srv = tokio::spawn(async move {
+        let c = l.accept().await?;
+        server(c, &o2).await
+    });
+    let c = connect(addr, &cfg).await?;
+    client(c, &o).await?;
+    srv.await.expect("server task")
+}
