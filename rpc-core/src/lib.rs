@@ -22,12 +22,13 @@
 //!   protocol runs over; [`conn::mem`] is an in-memory implementation.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+#![allow(missing_debug_implementations)]
 
 mod body;
 mod client;
 pub mod conn;
 pub mod frame;
-mod rdma;
+pub mod rdma;
 mod server;
 mod session;
 pub mod timeout;

@@ -1,23 +1,207 @@
-//! RDMA: the [`Connection`](crate::conn::Connection) over rdma-transport, and
-//! the RDMA side of [`Channel`](crate::Channel) and [`Server`](crate::Server).
+//! RDMA: the [`Connection`] over rdma-transport, and the RDMA side of
+//! [`Channel`] (connect, fallback reasons, reconnect) and of the server
+//! (the rdma_cm listener beside the TCP one).
 
-use crate::client::ChannelBuilder;
-use crate::{Channel, Error};
+use crate::client::{ChannelBuilder, Connector};
+use crate::conn::{Connection, FrameReceiver, FrameSender};
+use crate::server::Sessions;
+use crate::{Channel, ConnInfo, Error, Router, TransportInfo, TransportKind};
+use bytes::Bytes;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Once};
+use tokio::task::JoinSet;
+use tonic::Status;
 
-/// Connects a channel over RDMA.
-pub(crate) async fn connect_channel(_b: &ChannelBuilder) -> Result<Channel, Error> {
-    Err(Error::RdmaUnavailable(
-        "this build has no RDMA support yet".to_string(),
+/// An established rdma-transport connection as a call-protocol [`Connection`].
+pub struct RdmaConnection(pub rdma_transport::Connection);
+
+/// Sending half of an [`RdmaConnection`].
+pub struct RdmaSender(rdma_transport::SendHalf);
+
+/// Receiving half of an [`RdmaConnection`].
+pub struct RdmaReceiver(rdma_transport::RecvHalf);
+
+impl Connection for RdmaConnection {
+    type Sender = RdmaSender;
+    type Receiver = RdmaReceiver;
+    fn split(self) -> (RdmaSender, RdmaReceiver) {
+        let (s, r) = self.0.split();
+        (RdmaSender(s), RdmaReceiver(r))
+    }
+}
+
+fn to_io(e: rdma_transport::Error) -> io::Error {
+    use rdma_transport::Error as E;
+    let kind = match &e {
+        E::Disconnected | E::Completion { .. } => io::ErrorKind::ConnectionReset,
+        E::Closed => io::ErrorKind::NotConnected,
+        E::Protocol(_) => io::ErrorKind::InvalidData,
+        E::MessageTooLarge { .. } => io::ErrorKind::InvalidInput,
+        E::Timeout { .. } => io::ErrorKind::TimedOut,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e)
+}
+
+impl FrameSender for RdmaSender {
+    fn max_frame_len(&self) -> usize {
+        self.0.max_message_len()
+    }
+    async fn send(&mut self, frame: Bytes) -> io::Result<()> {
+        self.0.send(frame).await.map_err(to_io)
+    }
+    async fn close(&mut self) {
+        self.0.close().await
+    }
+}
+
+impl FrameReceiver for RdmaReceiver {
+    async fn recv(&mut self) -> io::Result<Option<Bytes>> {
+        self.0.recv().await.map_err(to_io)
+    }
+}
+
+/// Why RDMA could not be used, in words an operator can act on.
+fn reason(addr: SocketAddr, e: &rdma_transport::Error) -> String {
+    use rdma_transport::Error as E;
+    match e {
+        E::NoDevice(_) => "no RDMA device on this host".to_string(),
+        E::AddrResolve { .. } | E::RouteResolve { .. } => {
+            format!("{addr} is not reachable over RDMA ({e})")
+        }
+        E::Rejected { .. } | E::Unreachable { .. } => {
+            format!("peer {addr} does not accept RDMA connections ({e})")
+        }
+        E::Timeout { stage } => format!("RDMA connection setup to {addr} timed out during {stage}"),
+        other => format!("RDMA connection to {addr} failed: {other}"),
+    }
+}
+
+async fn resolve(addr: &str) -> Result<SocketAddr, Error> {
+    let hostport = addr.split("://").last().unwrap_or(addr).trim_end_matches('/');
+    let mut addrs = tokio::net::lookup_host(hostport)
+        .await
+        .map_err(|e| Error::InvalidAddress(format!("{addr}: {e}")))?
+        .collect::<Vec<_>>();
+    addrs.sort_by_key(|a| !a.is_ipv4()); // rdma_cm over RoCE v2 is most often IPv4
+    addrs
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::InvalidAddress(format!("{addr}: no address found")))
+}
+
+/// Connects a channel over RDMA; the channel reconnects over RDMA after a
+/// connection loss.
+pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Channel, Error> {
+    let addr = resolve(&b.addr).await?;
+    match rdma_transport::devices() {
+        Ok(d) if d.is_empty() => {
+            return Err(Error::RdmaUnavailable("no RDMA device on this host".into()))
+        }
+        Err(e) => return Err(Error::RdmaUnavailable(reason(addr, &e))),
+        Ok(_) => {}
+    }
+    let cfg = rdma_transport::Config {
+        resolve_timeout: b.rdma_connect_timeout,
+        connect_timeout: b.rdma_connect_timeout,
+        ..rdma_transport::Config::default()
+    };
+    let session_cfg = b.session.clone();
+    let connector: Connector = Arc::new(move || {
+        let cfg = cfg.clone();
+        let session_cfg = session_cfg.clone();
+        Box::pin(async move {
+            let conn = rdma_transport::connect(addr, &cfg)
+                .await
+                .map_err(|e| Status::unavailable(reason(addr, &e)))?;
+            let info = ConnInfo {
+                transport: TransportKind::Rdma,
+                peer: Some(conn.peer_addr()),
+            };
+            crate::session::start(RdmaConnection(conn), info, session_cfg, None).await
+        })
+    });
+    let shared = connector()
+        .await
+        .map_err(|s| Error::RdmaUnavailable(s.message().to_string()))?;
+    tracing::info!(%addr, "connected over RDMA");
+    Ok(Channel::from_session(
+        shared,
+        Some(connector),
+        TransportInfo {
+            kind: TransportKind::Rdma,
+            fallback_reason: None,
+        },
     ))
 }
 
-/// Starts the RDMA listener for a server on `addr`, if this host can.
+static NO_DEVICE_LOGGED: Once = Once::new();
+
+/// Starts the server's RDMA listener on `addr` (the TCP port), if this host
+/// has an RDMA device for it. Returns the address listened on.
 pub(crate) async fn start_listener(
-    _addr: std::net::SocketAddr,
-    _router: crate::Router,
-    _sessions: crate::server::Sessions,
-    _stop: tokio::sync::watch::Receiver<bool>,
-    _tasks: &mut tokio::task::JoinSet<Result<(), Error>>,
-) -> Option<std::net::SocketAddr> {
-    None
+    addr: SocketAddr,
+    router: Router,
+    sessions: Sessions,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    tasks: &mut JoinSet<Result<(), Error>>,
+) -> Option<SocketAddr> {
+    match rdma_transport::devices() {
+        Ok(d) if !d.is_empty() => {}
+        Ok(_) => {
+            NO_DEVICE_LOGGED.call_once(|| {
+                tracing::info!("no RDMA device on this host: serving gRPC over TCP only")
+            });
+            return None;
+        }
+        Err(e) => {
+            NO_DEVICE_LOGGED.call_once(|| {
+                tracing::info!("RDMA unavailable ({e}): serving gRPC over TCP only")
+            });
+            return None;
+        }
+    }
+    let mut listener = match rdma_transport::Listener::bind(addr, rdma_transport::Config::default()).await
+    {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(%addr, "no RDMA listener ({e}): serving gRPC over TCP only");
+            return None;
+        }
+    };
+    let local = listener.local_addr();
+    tracing::info!(addr = %local, "RDMA listener up");
+    tasks.spawn(async move {
+        loop {
+            let conn = tokio::select! {
+                c = listener.accept() => c,
+                _ = stop.wait_for(|s| *s) => return Ok(()),
+            };
+            match conn {
+                Ok(conn) => {
+                    let router = router.clone();
+                    let sessions = sessions.clone();
+                    tokio::spawn(async move {
+                        let info = ConnInfo {
+                            transport: TransportKind::Rdma,
+                            peer: Some(conn.peer_addr()),
+                        };
+                        match router.start_session(RdmaConnection(conn), info).await {
+                            Ok(s) => sessions
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(Arc::downgrade(&s)),
+                            Err(e) => tracing::warn!("RDMA session handshake failed: {}", e.message()),
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("RDMA accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+    Some(local)
 }

@@ -451,17 +451,6 @@ impl Shared {
         self.fail(Status::unavailable("server shut down"));
     }
 
-    /// Waits until the session is closed.
-    pub(crate) async fn closed(&self) {
-        loop {
-            let notified = self.changed.notified();
-            if lock(&self.state).closed.is_some() {
-                return;
-            }
-            notified.await;
-        }
-    }
-
     /// Routes one decoded frame. An `Err` is a connection-level protocol violation.
     fn dispatch(self: &Arc<Self>, f: Frame, acceptor: Option<&Acceptor>) -> Result<(), String> {
         match f {
