@@ -117,7 +117,9 @@ impl Fixture {
             Path::Rdma => {
                 let Some(ip) = rdma_ip() else {
                     if device_required() {
-                        panic!("an RDMA device is required but SOFTROCE_IP / RDMA_TEST_IP is not set");
+                        panic!(
+                            "an RDMA device is required but SOFTROCE_IP / RDMA_TEST_IP is not set"
+                        );
                     }
                     println!("SKIP: no RDMA test address (SOFTROCE_IP / RDMA_TEST_IP unset)");
                     return None;

@@ -7,8 +7,8 @@ use crate::session::{self, CallGuard, Inbound, Shared};
 use crate::{timeout, ConnInfo, Error, SessionConfig, Transport, TransportInfo, TransportKind};
 use futures::future::BoxFuture;
 use http_body_util::BodyExt;
-use std::sync::Arc;
 use std::future::Future;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tonic::body::Body;
@@ -200,11 +200,21 @@ impl Channel {
         kind: TransportKind,
         config: SessionConfig,
     ) -> Result<Channel, Error> {
-        let info = ConnInfo { transport: kind, peer: None };
+        let info = ConnInfo {
+            transport: kind,
+            peer: None,
+        };
         let shared = session::start(conn, info, config, None)
             .await
             .map_err(|s| Error::Handshake(s.message().to_string()))?;
-        Ok(Self::from_session(shared, None, TransportInfo { kind, fallback_reason: None }))
+        Ok(Self::from_session(
+            shared,
+            None,
+            TransportInfo {
+                kind,
+                fallback_reason: None,
+            },
+        ))
     }
 
     pub(crate) fn from_session(
@@ -316,7 +326,11 @@ async fn msg_call(
         .and_then(|v| v.to_str().ok())
         .and_then(timeout::parse);
     let mut md = parts.headers;
-    let names: Vec<_> = md.keys().filter(|k| is_transport_header(k)).cloned().collect();
+    let names: Vec<_> = md
+        .keys()
+        .filter(|k| is_transport_header(k))
+        .cloned()
+        .collect();
     for n in names {
         md.remove(n);
     }
@@ -346,7 +360,9 @@ async fn msg_call(
         };
         let remaining = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
         let end = http_body::Body::is_end_stream(&body);
-        shared.send_ctrl(crate::frame::encode_open(stream, &path, remaining, &md, end));
+        shared.send_ctrl(crate::frame::encode_open(
+            stream, &path, remaining, &md, end,
+        ));
         if let Some(d) = deadline {
             let s = shared.clone();
             let t = tokio::spawn(async move {
@@ -377,7 +393,9 @@ async fn msg_call(
                                 s.reset_stream(stream, st.clone());
                                 return Err(st);
                             }
-                            None => return s.send_body(stream, &w, bytes::Bytes::new(), true).await,
+                            None => {
+                                return s.send_body(stream, &w, bytes::Bytes::new(), true).await
+                            }
                         }
                     }
                 };

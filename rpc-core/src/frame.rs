@@ -474,9 +474,21 @@ mod tests {
         md.insert("x-user", "alice".parse().unwrap());
         md.append("x-user", "bob".parse().unwrap());
         md.insert("trace-bin", HeaderValue::from_bytes(b"\x00\x01").unwrap());
-        let b = encode_open(7, "/helloworld.Greeter/SayHello", Some(Duration::from_millis(1500)), &md, false);
+        let b = encode_open(
+            7,
+            "/helloworld.Greeter/SayHello",
+            Some(Duration::from_millis(1500)),
+            &md,
+            false,
+        );
         match decode(b, &LIM).unwrap() {
-            Frame::Open { stream, path, timeout, metadata, end_stream } => {
+            Frame::Open {
+                stream,
+                path,
+                timeout,
+                metadata,
+                end_stream,
+            } => {
                 assert_eq!(stream, 7);
                 assert_eq!(path, "/helloworld.Greeter/SayHello");
                 assert_eq!(timeout, Some(Duration::from_millis(1500)));
@@ -489,23 +501,44 @@ mod tests {
 
     #[test]
     fn control_frames_round_trip() {
-        let h = Hello { version: 1, features: 3, max_concurrent_calls: 100, initial_window: 1 << 20, max_metadata_bytes: 8192 };
+        let h = Hello {
+            version: 1,
+            features: 3,
+            max_concurrent_calls: 100,
+            initial_window: 1 << 20,
+            max_metadata_bytes: 8192,
+        };
         assert_eq!(decode(encode_hello(&h), &LIM).unwrap(), Frame::Hello(h));
         assert_eq!(
             decode(encode_reset(5, 1, "cancelled by client"), &LIM).unwrap(),
-            Frame::Reset { stream: 5, code: 1, message: "cancelled by client".into() }
+            Frame::Reset {
+                stream: 5,
+                code: 1,
+                message: "cancelled by client".into()
+            }
         );
         assert_eq!(
             decode(encode_window_update(9, 4096), &LIM).unwrap(),
-            Frame::WindowUpdate { stream: 9, increment: 4096 }
+            Frame::WindowUpdate {
+                stream: 9,
+                increment: 4096
+            }
         );
         assert_eq!(
             decode(encode_goaway(11, 0, "shutdown"), &LIM).unwrap(),
-            Frame::GoAway { last_stream: 11, code: 0, message: "shutdown".into() }
+            Frame::GoAway {
+                last_stream: 11,
+                code: 0,
+                message: "shutdown".into()
+            }
         );
         assert_eq!(
             decode(encode_data(3, b"abc", true), &LIM).unwrap(),
-            Frame::Data { stream: 3, data: Bytes::from_static(b"abc"), end_stream: true }
+            Frame::Data {
+                stream: 3,
+                data: Bytes::from_static(b"abc"),
+                end_stream: true
+            }
         );
     }
 
@@ -514,7 +547,10 @@ mod tests {
         let mut md = HeaderMap::new();
         md.insert("x-big", HeaderValue::from_str(&"a".repeat(20_000)).unwrap());
         let b = encode_metadata_frame(kind::HEADERS, 1, &md);
-        assert!(matches!(decode(b, &LIM), Err(FrameError::MetadataTooLarge { .. })));
+        assert!(matches!(
+            decode(b, &LIM),
+            Err(FrameError::MetadataTooLarge { .. })
+        ));
     }
 
     #[test]

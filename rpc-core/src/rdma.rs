@@ -79,7 +79,11 @@ fn reason(addr: SocketAddr, e: &rdma_transport::Error) -> String {
 }
 
 async fn resolve(addr: &str) -> Result<SocketAddr, Error> {
-    let hostport = addr.split("://").last().unwrap_or(addr).trim_end_matches('/');
+    let hostport = addr
+        .split("://")
+        .last()
+        .unwrap_or(addr)
+        .trim_end_matches('/');
     let mut addrs = tokio::net::lookup_host(hostport)
         .await
         .map_err(|e| Error::InvalidAddress(format!("{addr}: {e}")))?
@@ -156,20 +160,19 @@ pub(crate) async fn start_listener(
             return None;
         }
         Err(e) => {
-            NO_DEVICE_LOGGED.call_once(|| {
-                tracing::info!("RDMA unavailable ({e}): serving gRPC over TCP only")
-            });
+            NO_DEVICE_LOGGED
+                .call_once(|| tracing::info!("RDMA unavailable ({e}): serving gRPC over TCP only"));
             return None;
         }
     }
-    let mut listener = match rdma_transport::Listener::bind(addr, rdma_transport::Config::default()).await
-    {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(%addr, "no RDMA listener ({e}): serving gRPC over TCP only");
-            return None;
-        }
-    };
+    let mut listener =
+        match rdma_transport::Listener::bind(addr, rdma_transport::Config::default()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(%addr, "no RDMA listener ({e}): serving gRPC over TCP only");
+                return None;
+            }
+        };
     let local = listener.local_addr();
     tracing::info!(addr = %local, "RDMA listener up");
     tasks.spawn(async move {
@@ -192,7 +195,9 @@ pub(crate) async fn start_listener(
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
                                 .push(Arc::downgrade(&s)),
-                            Err(e) => tracing::warn!("RDMA session handshake failed: {}", e.message()),
+                            Err(e) => {
+                                tracing::warn!("RDMA session handshake failed: {}", e.message())
+                            }
                         }
                     });
                 }

@@ -24,6 +24,7 @@ pub struct Server {
     session: SessionConfig,
     concurrency_limit: Option<usize>,
     tcp_nodelay: bool,
+    tcp_only: bool,
 }
 
 impl Server {
@@ -40,6 +41,12 @@ impl Server {
     pub fn concurrency_limit_per_connection(mut self, limit: usize) -> Self {
         self.concurrency_limit = Some(limit);
         self.session.max_concurrent_calls = limit.clamp(1, u32::MAX as usize) as u32;
+        self
+    }
+
+    /// Serve HTTP/2 on TCP only, without the RDMA listener (default: both).
+    pub fn tcp_only(mut self, tcp_only: bool) -> Self {
+        self.tcp_only = tcp_only;
         self
     }
 
@@ -143,14 +150,18 @@ impl Router {
         });
 
         let sessions: Sessions = Arc::new(Mutex::new(Vec::new()));
-        let rdma = crate::rdma::start_listener(
-            local,
-            self.clone(),
-            sessions.clone(),
-            stop_rx.clone(),
-            &mut tasks,
-        )
-        .await;
+        let rdma = if self.server.tcp_only {
+            None
+        } else {
+            crate::rdma::start_listener(
+                local,
+                self.clone(),
+                sessions.clone(),
+                stop_rx.clone(),
+                &mut tasks,
+            )
+            .await
+        };
         tracing::info!(addr = %local, rdma = rdma.is_some(), "serving");
         Ok(ServingHandle {
             local,
@@ -168,9 +179,14 @@ impl Router {
         conn: C,
         info: ConnInfo,
     ) -> Result<(), Error> {
-        let shared = session::start(conn, info, self.server.session.clone(), Some(self.acceptor()))
-            .await
-            .map_err(|s| Error::Handshake(s.message().to_string()))?;
+        let shared = session::start(
+            conn,
+            info,
+            self.server.session.clone(),
+            Some(self.acceptor()),
+        )
+        .await
+        .map_err(|s| Error::Handshake(s.message().to_string()))?;
         drop(shared);
         Ok(())
     }
@@ -180,7 +196,13 @@ impl Router {
         conn: C,
         info: ConnInfo,
     ) -> Result<Arc<Shared>, Status> {
-        session::start(conn, info, self.server.session.clone(), Some(self.acceptor())).await
+        session::start(
+            conn,
+            info,
+            self.server.session.clone(),
+            Some(self.acceptor()),
+        )
+        .await
     }
 
     /// Serves in-process over in-memory connections: each
@@ -223,6 +245,25 @@ impl ServingHandle {
     /// The RDMA address served, if an RDMA listener is up.
     pub fn rdma_addr(&self) -> Option<SocketAddr> {
         self.rdma
+    }
+
+    /// Stops at once, as a crash would: listeners close and every message
+    /// connection is dropped with its calls failing `Unavailable` on the client.
+    /// (HTTP/2 connections are closed by tonic.)
+    pub async fn abort(mut self) {
+        let _ = self.stop.send(true);
+        let live: Vec<Arc<Shared>> = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .filter_map(|w| w.upgrade())
+            .collect();
+        for s in live {
+            s.fail(Status::unavailable("server aborted"));
+        }
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
     }
 
     /// Stops accepting, lets in-flight calls finish, closes connections.
@@ -276,7 +317,8 @@ impl MemoryServer {
                 .push(Arc::downgrade(&s));
             Ok::<_, Status>(())
         });
-        let ch = Channel::from_connection(a, TransportKind::Memory, SessionConfig::default()).await?;
+        let ch =
+            Channel::from_connection(a, TransportKind::Memory, SessionConfig::default()).await?;
         server
             .await
             .map_err(|e| Error::Serve(e.to_string()))?
@@ -319,7 +361,11 @@ async fn handle_call(mut routes: Routes, shared: Arc<Shared>, call: OpenCall) {
     match path.parse() {
         Ok(uri) => *req.uri_mut() = uri,
         Err(_) => {
-            send_status(&shared, stream, Status::invalid_argument(format!("bad method path {path:?}")));
+            send_status(
+                &shared,
+                stream,
+                Status::invalid_argument(format!("bad method path {path:?}")),
+            );
             return;
         }
     }
@@ -339,15 +385,27 @@ async fn handle_call(mut routes: Routes, shared: Arc<Shared>, call: OpenCall) {
         headers.remove(http::header::CONTENT_LENGTH);
         if headers.contains_key("grpc-status") && http_body::Body::is_end_stream(&body) {
             // Trailers-only response (e.g. unimplemented, or an error before any message).
-            shared.send_ctrl(frame::encode_metadata_frame(frame::kind::TRAILERS, stream, &headers));
+            shared.send_ctrl(frame::encode_metadata_frame(
+                frame::kind::TRAILERS,
+                stream,
+                &headers,
+            ));
             return;
         }
-        shared.send_ctrl(frame::encode_metadata_frame(frame::kind::HEADERS, stream, &headers));
+        shared.send_ctrl(frame::encode_metadata_frame(
+            frame::kind::HEADERS,
+            stream,
+            &headers,
+        ));
         loop {
             match body.frame().await {
                 Some(Ok(f)) => match f.into_data() {
                     Ok(data) => {
-                        if shared.send_body(stream, &window, data, false).await.is_err() {
+                        if shared
+                            .send_body(stream, &window, data, false)
+                            .await
+                            .is_err()
+                        {
                             return; // call reset or connection gone
                         }
                     }
@@ -367,7 +425,11 @@ async fn handle_call(mut routes: Routes, shared: Arc<Shared>, call: OpenCall) {
                     return;
                 }
                 None => {
-                    send_status(&shared, stream, Status::internal("handler ended without trailers"));
+                    send_status(
+                        &shared,
+                        stream,
+                        Status::internal("handler ended without trailers"),
+                    );
                     return;
                 }
             }
@@ -381,7 +443,9 @@ async fn handle_call(mut routes: Routes, shared: Arc<Shared>, call: OpenCall) {
                     stream,
                     Status::new(
                         Code::DeadlineExceeded,
-                        format!("deadline exceeded: the server did not finish the call within {t:?}"),
+                        format!(
+                            "deadline exceeded: the server did not finish the call within {t:?}"
+                        ),
                     ),
                 );
             }
@@ -396,8 +460,9 @@ fn send_status(shared: &Shared, stream: u32, status: Status) {
     if status.add_header(&mut md).is_err() {
         md.insert("grpc-status", http::HeaderValue::from(status.code() as i32));
     }
-    shared.send_ctrl(frame::encode_metadata_frame(frame::kind::TRAILERS, stream, &md));
+    shared.send_ctrl(frame::encode_metadata_frame(
+        frame::kind::TRAILERS,
+        stream,
+        &md,
+    ));
 }
-
-
-

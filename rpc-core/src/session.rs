@@ -45,7 +45,8 @@ pub(crate) struct OpenCall {
 }
 
 /// Server hook: called by the reader for each OPEN; must not block.
-pub(crate) type Acceptor = Arc<dyn Fn(Arc<Shared>, OpenCall) -> Option<tokio::task::AbortHandle> + Send + Sync>;
+pub(crate) type Acceptor =
+    Arc<dyn Fn(Arc<Shared>, OpenCall) -> Option<tokio::task::AbortHandle> + Send + Sync>;
 
 #[derive(Debug)]
 struct StreamEntry {
@@ -90,7 +91,9 @@ pub(crate) struct Shared {
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared").field("info", &self.info).finish_non_exhaustive()
+        f.debug_struct("Shared")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
     }
 }
 
@@ -102,7 +105,8 @@ fn io_status(what: &str, info: &ConnInfo, e: &io::Error) -> Status {
     Status::unavailable(format!(
         "{what} {} connection to {}: {e}",
         info.transport,
-        info.peer.map_or_else(|| "peer".to_string(), |p| p.to_string())
+        info.peer
+            .map_or_else(|| "peer".to_string(), |p| p.to_string())
     ))
 }
 
@@ -127,7 +131,9 @@ async fn handshake<S: FrameSender, R: FrameReceiver>(
             .recv()
             .await
             .map_err(|e| Status::unavailable(format!("waiting for the peer's HELLO: {e}")))?
-            .ok_or_else(|| Status::unavailable("peer closed the connection during the handshake"))?;
+            .ok_or_else(|| {
+                Status::unavailable("peer closed the connection during the handshake")
+            })?;
         let limits = DecodeLimits {
             max_metadata_bytes: config.max_metadata_bytes as usize,
         };
@@ -235,11 +241,13 @@ async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Opti
         };
         let bytes = match next {
             Ok(Some(b)) => b,
-            Ok(None) => break Status::unavailable(format!(
-                "{} connection closed by the peer {}",
-                shared.info.transport,
-                shared.info.peer.map_or_else(String::new, |p| p.to_string())
-            )),
+            Ok(None) => {
+                break Status::unavailable(format!(
+                    "{} connection closed by the peer {}",
+                    shared.info.transport,
+                    shared.info.peer.map_or_else(String::new, |p| p.to_string())
+                ))
+            }
             Err(e) => break io_status("lost the", &shared.info, &e),
         };
         match frame::decode(bytes, &limits) {
@@ -261,7 +269,11 @@ async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Opti
             }
             Err(e) => {
                 tracing::warn!(peer = ?shared.info.peer, "closing connection: malformed frame: {e}");
-                shared.send_ctrl(frame::encode_goaway(0, Code::Internal as u32, &e.to_string()));
+                shared.send_ctrl(frame::encode_goaway(
+                    0,
+                    Code::Internal as u32,
+                    &e.to_string(),
+                ));
                 break Status::internal(format!("malformed frame from peer: {e}"));
             }
         }
@@ -340,7 +352,9 @@ impl Shared {
             return Err(st.clone());
         }
         if s.goaway {
-            return Err(Status::unavailable("server is shutting down (GOAWAY received)"));
+            return Err(Status::unavailable(
+                "server is shutting down (GOAWAY received)",
+            ));
         }
         let id = s.next_stream;
         s.next_stream = s.next_stream.checked_add(2).ok_or_else(|| {
@@ -383,7 +397,11 @@ impl Shared {
             e
         };
         if let Some(e) = entry {
-            self.send_ctrl(frame::encode_reset(id, status.code() as u32, status.message()));
+            self.send_ctrl(frame::encode_reset(
+                id,
+                status.code() as u32,
+                status.message(),
+            ));
             let _ = e.inbound.send(Inbound::Reset(status.clone()));
             e.window.close(status);
             if let Some(h) = e.handler {
@@ -410,7 +428,8 @@ impl Shared {
             let n = window.reserve(data.len().min(self.max_data)).await?;
             let chunk = data.split_to(n);
             let last = end_stream && data.is_empty();
-            self.send_data(frame::encode_data(id, &chunk, last), n).await?;
+            self.send_data(frame::encode_data(id, &chunk, last), n)
+                .await?;
         }
         Ok(())
     }
@@ -618,7 +637,9 @@ impl Shared {
     fn deliver(&self, stream: u32, msg: Inbound, last: bool) {
         let mut s = lock(&self.state);
         let target = if last {
-            s.streams.remove(&stream).map(|e| (e.inbound, Some(e.window)))
+            s.streams
+                .remove(&stream)
+                .map(|e| (e.inbound, Some(e.window)))
         } else {
             s.streams.get(&stream).map(|e| (e.inbound.clone(), None))
         };
@@ -653,8 +674,10 @@ impl Drop for CallGuard {
             t.abort();
         }
         if !self.done {
-            self.shared
-                .reset_stream(self.stream, Status::cancelled("call cancelled by the client"));
+            self.shared.reset_stream(
+                self.stream,
+                Status::cancelled("call cancelled by the client"),
+            );
         }
     }
 }

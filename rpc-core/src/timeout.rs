@@ -56,7 +56,11 @@ mod tests {
         assert_eq!(parse("m"), None);
         assert_eq!(parse("-1S"), None);
         assert_eq!(parse("10x"), None);
-        for d in [Duration::from_nanos(7), Duration::from_millis(1500), Duration::from_secs(86_400)] {
+        for d in [
+            Duration::from_nanos(7),
+            Duration::from_millis(1500),
+            Duration::from_secs(86_400),
+        ] {
             assert!(parse(&encode(d)).unwrap() >= d);
         }
     }

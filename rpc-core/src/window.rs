@@ -62,7 +62,10 @@ impl SendWindow {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let next = s.avail + i64::from(inc);
         if next > MAX_WINDOW {
-            return Err(format!("window update of {inc} overflows the window ({} + {inc})", s.avail));
+            return Err(format!(
+                "window update of {inc} overflows the window ({} + {inc})",
+                s.avail
+            ));
         }
         s.avail = next;
         drop(s);

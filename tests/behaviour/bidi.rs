@@ -21,19 +21,36 @@ async fn bidi(fx: Fixture) {
         })
         .await
         .unwrap();
-        let r = responses.message().await.unwrap().expect("a reply per request");
+        let r = responses
+            .message()
+            .await
+            .unwrap()
+            .expect("a reply per request");
         assert_eq!(r.message, format!("ping {i}"));
         assert_eq!(r.seq, i);
     }
     drop(tx);
-    assert!(responses.message().await.unwrap().is_none(), "stream ends after half-close");
+    assert!(
+        responses.message().await.unwrap().is_none(),
+        "stream ends after half-close"
+    );
 
     let mut rg = RouteGuideClient::new(fx.channel.clone());
-    let loc = Point { latitude: 1, longitude: 2 };
+    let loc = Point {
+        latitude: 1,
+        longitude: 2,
+    };
     let notes: Vec<RouteNote> = (0..3)
-        .map(|i| RouteNote { location: Some(loc), message: format!("n{i}") })
+        .map(|i| RouteNote {
+            location: Some(loc),
+            message: format!("n{i}"),
+        })
         .collect();
-    let mut s = rg.route_chat(tokio_stream::iter(notes)).await.unwrap().into_inner();
+    let mut s = rg
+        .route_chat(tokio_stream::iter(notes))
+        .await
+        .unwrap()
+        .into_inner();
     let mut got = vec![];
     while let Some(n) = s.message().await.unwrap() {
         got.push(n.message);

@@ -27,9 +27,17 @@ async fn client_streaming(fx: Fixture) {
     assert_eq!(resp.message, "m299");
 
     let features = rpc_examples::routeguide::service().features;
-    let pts: Vec<Point> = features.iter().take(5).map(|f| f.location.unwrap()).collect();
+    let pts: Vec<Point> = features
+        .iter()
+        .take(5)
+        .map(|f| f.location.unwrap())
+        .collect();
     let mut rg = RouteGuideClient::new(fx.channel.clone());
-    let summary = rg.record_route(tokio_stream::iter(pts.clone())).await.unwrap().into_inner();
+    let summary = rg
+        .record_route(tokio_stream::iter(pts.clone()))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(summary.point_count, 5);
     assert_eq!(summary.feature_count, 5);
     let dist: i32 = pts

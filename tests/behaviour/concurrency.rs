@@ -28,15 +28,25 @@ async fn concurrency(fx: Fixture) {
     // A stream whose reader never reads: its window fills, others carry on.
     let mut c = echo.clone();
     let stalled = c
-        .server_streaming_echo(EchoRequest { count: 10_000, payload: vec![1; 64 << 10], ..Default::default() })
+        .server_streaming_echo(EchoRequest {
+            count: 10_000,
+            payload: vec![1; 64 << 10],
+            ..Default::default()
+        })
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut c2 = echo.clone();
-    tokio::time::timeout(Duration::from_secs(10), c2.unary_echo(EchoRequest { payload: vec![2; 100_000], ..Default::default() }))
-        .await
-        .expect("a stalled stream does not block other calls")
-        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        c2.unary_echo(EchoRequest {
+            payload: vec![2; 100_000],
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("a stalled stream does not block other calls")
+    .unwrap();
     drop(stalled);
 }
 

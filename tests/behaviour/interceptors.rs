@@ -17,19 +17,22 @@ fn router(stats: std::sync::Arc<rpc_examples::echo::EchoStats>) -> rpc_core::Rou
     let echo = rpc_examples::echo::EchoService { stats };
     rpc_core::Server::builder()
         .add_service(EchoServer::with_interceptor(echo, check_auth))
-        .add_service(rpc_examples::pb::helloworld::greeter_server::GreeterServer::with_interceptor(
-            rpc_examples::greeter::MyGreeter::default(),
-            |req: Request<()>| {
-                // The connection info is visible to interceptors (on message transports).
-                let tag = match req.extensions().get::<rpc_core::ConnInfo>() {
-                    Some(i) => i.transport.to_string(),
-                    None => "tcp".to_string(),
-                };
-                let mut req = req;
-                req.metadata_mut().insert("x-transport", tag.parse().unwrap());
-                Ok(req)
-            },
-        ))
+        .add_service(
+            rpc_examples::pb::helloworld::greeter_server::GreeterServer::with_interceptor(
+                rpc_examples::greeter::MyGreeter::default(),
+                |req: Request<()>| {
+                    // The connection info is visible to interceptors (on message transports).
+                    let tag = match req.extensions().get::<rpc_core::ConnInfo>() {
+                        Some(i) => i.transport.to_string(),
+                        None => "tcp".to_string(),
+                    };
+                    let mut req = req;
+                    req.metadata_mut()
+                        .insert("x-transport", tag.parse().unwrap());
+                    Ok(req)
+                },
+            ),
+        )
 }
 
 async fn interceptors(fx: Fixture) {
@@ -38,7 +41,8 @@ async fn interceptors(fx: Fixture) {
     assert_eq!(err.code(), Code::Unauthenticated);
 
     let mut authed = EchoClient::with_interceptor(fx.channel.clone(), |mut req: Request<()>| {
-        req.metadata_mut().insert("authorization", "Bearer secret".parse().unwrap());
+        req.metadata_mut()
+            .insert("authorization", "Bearer secret".parse().unwrap());
         Ok(req)
     });
     authed.unary_echo(EchoRequest::default()).await.unwrap();
@@ -49,12 +53,16 @@ async fn interceptors(fx: Fixture) {
         .concurrency_limit(4)
         .service(fx.channel.clone());
     let mut authed = EchoClient::with_interceptor(layered, |mut req: Request<()>| {
-        req.metadata_mut().insert("authorization", "Bearer secret".parse().unwrap());
+        req.metadata_mut()
+            .insert("authorization", "Bearer secret".parse().unwrap());
         Ok(req)
     });
     authed.unary_echo(EchoRequest::default()).await.unwrap();
     let err = authed
-        .unary_echo(EchoRequest { delay_ms: 2_000, ..Default::default() })
+        .unary_echo(EchoRequest {
+            delay_ms: 2_000,
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     // tonic turns a tower error into Unknown with the error's text, as over its own transport.
@@ -62,12 +70,19 @@ async fn interceptors(fx: Fixture) {
     assert!(err.message().contains("timed out"), "{err:?}");
 
     let mut greeter = GreeterClient::new(fx.channel.clone());
-    greeter.say_hello(HelloRequest { name: "i".into() }).await.unwrap();
+    greeter
+        .say_hello(HelloRequest { name: "i".into() })
+        .await
+        .unwrap();
 }
 
 async fn run(path: Path) {
-    let Some(fx) = Fixture::start_with(path, router).await else { return };
-    tokio::time::timeout(Duration::from_secs(120), interceptors(fx)).await.expect("in time");
+    let Some(fx) = Fixture::start_with(path, router).await else {
+        return;
+    };
+    tokio::time::timeout(Duration::from_secs(120), interceptors(fx))
+        .await
+        .expect("in time");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,7 @@
 //! Behaviour tests: each module is one behaviour, run over the in-memory,
 //! TCP and RDMA paths (see `rpc_tests::on_every_path!`).
 
+mod bidi;
 mod cancel;
 mod client_streaming;
 mod concurrency;
@@ -11,5 +12,5 @@ mod metadata;
 mod server_reset;
 mod server_streaming;
 mod status;
+mod transports;
 mod unary;
-mod bidi;

@@ -25,11 +25,26 @@ async fn server_reset(mut fx: Fixture) {
     // Graceful shutdown with a call in flight: the call completes.
     let mut c = echo.clone();
     let inflight = tokio::spawn(async move {
-        c.unary_echo(EchoRequest { delay_ms: 500, message: "late".into(), ..Default::default() }).await
+        c.unary_echo(EchoRequest {
+            delay_ms: 500,
+            message: "late".into(),
+            ..Default::default()
+        })
+        .await
     });
-    assert!(eventually(Duration::from_secs(5), || fx.stats.started.load(Ordering::SeqCst) >= 2).await);
+    assert!(
+        eventually(Duration::from_secs(5), || fx
+            .stats
+            .started
+            .load(Ordering::SeqCst)
+            >= 2)
+        .await
+    );
     fx.shutdown().await;
-    let r = inflight.await.unwrap().expect("in-flight call finishes during graceful shutdown");
+    let r = inflight
+        .await
+        .unwrap()
+        .expect("in-flight call finishes during graceful shutdown");
     assert_eq!(r.into_inner().message, "late");
 
     // After shutdown, calls fail with Unavailable.

@@ -24,8 +24,14 @@ async fn server_streaming(fx: Fixture) {
     assert_eq!(seq, 200);
 
     let rect = Rectangle {
-        lo: Some(Point { latitude: 400_000_000, longitude: -750_000_000 }),
-        hi: Some(Point { latitude: 410_000_000, longitude: -740_000_000 }),
+        lo: Some(Point {
+            latitude: 400_000_000,
+            longitude: -750_000_000,
+        }),
+        hi: Some(Point {
+            latitude: 410_000_000,
+            longitude: -740_000_000,
+        }),
     };
     let expected = rpc_examples::routeguide::service()
         .features

@@ -24,7 +24,11 @@ async fn status(fx: Fixture) {
             .unwrap_err();
         assert_eq!(err.code(), code);
         assert_eq!(err.message(), "failing as asked: über");
-        assert_eq!(err.details(), b"\x08\x2a detail-bytes", "grpc-status-details-bin survives");
+        assert_eq!(
+            err.details(),
+            b"\x08\x2a detail-bytes",
+            "grpc-status-details-bin survives"
+        );
     }
 
     // Errors at the end of streams.
@@ -38,10 +42,14 @@ async fn status(fx: Fixture) {
     assert_eq!(err.code(), Code::DataLoss);
 
     // A service the server does not host.
-    let mut other = rpc_examples::pb::helloworld::greeter_client::GreeterClient::new(fx.channel.clone());
+    let mut other =
+        rpc_examples::pb::helloworld::greeter_client::GreeterClient::new(fx.channel.clone());
     let mut path_client = tonic::client::Grpc::new(fx.channel.clone());
     path_client.ready().await.unwrap();
-    let codec = tonic_prost::ProstCodec::<rpc_examples::pb::helloworld::HelloRequest, rpc_examples::pb::helloworld::HelloReply>::default();
+    let codec = tonic_prost::ProstCodec::<
+        rpc_examples::pb::helloworld::HelloRequest,
+        rpc_examples::pb::helloworld::HelloReply,
+    >::default();
     let err = path_client
         .unary(
             tonic::Request::new(rpc_examples::pb::helloworld::HelloRequest::default()),

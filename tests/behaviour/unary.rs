@@ -7,7 +7,9 @@ use rpc_tests::Fixture;
 async fn unary(fx: Fixture) {
     let mut greeter = GreeterClient::new(fx.channel.clone());
     let reply = greeter
-        .say_hello(HelloRequest { name: "RDMA".into() })
+        .say_hello(HelloRequest {
+            name: "RDMA".into(),
+        })
         .await
         .expect("SayHello succeeds")
         .into_inner();
@@ -16,10 +18,17 @@ async fn unary(fx: Fixture) {
     let features = rpc_examples::routeguide::service().features;
     let known = features.iter().find(|f| !f.name.is_empty()).unwrap();
     let mut rg = RouteGuideClient::new(fx.channel.clone());
-    let got = rg.get_feature(known.location.unwrap()).await.unwrap().into_inner();
+    let got = rg
+        .get_feature(known.location.unwrap())
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(&got, known);
     let none = rg
-        .get_feature(Point { latitude: 1, longitude: 1 })
+        .get_feature(Point {
+            latitude: 1,
+            longitude: 1,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -37,7 +46,10 @@ async fn unary(fx: Fixture) {
             .await
             .unwrap_or_else(|e| panic!("echo of {size} bytes: {e}"))
             .into_inner();
-        assert_eq!(resp.payload, payload, "payload of {size} bytes comes back intact");
+        assert_eq!(
+            resp.payload, payload,
+            "payload of {size} bytes comes back intact"
+        );
         assert_eq!(resp.crc32, crc32fast::hash(&payload));
         assert_eq!(resp.message, format!("size {size}"));
     }

@@ -65,9 +65,12 @@ impl FrameSender for MemSender {
             .0
             .as_ref()
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "connection closed"))?;
-        tx.send(frame)
-            .await
-            .map_err(|_| io::Error::new(io::ErrorKind::ConnectionReset, "peer dropped the connection"))
+        tx.send(frame).await.map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "peer dropped the connection",
+            )
+        })
     }
 
     async fn close(&mut self) {
