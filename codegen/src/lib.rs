@@ -65,7 +65,10 @@ impl From<protox::Error> for Error {
 
 /// Compiles `protos` (searched in `includes`) into `$OUT_DIR`, client and
 /// server code both, and tells cargo to rerun when any of them changes.
-pub fn compile_protos(protos: &[impl AsRef<Path>], includes: &[impl AsRef<Path>]) -> Result<(), Error> {
+pub fn compile_protos(
+    protos: &[impl AsRef<Path>],
+    includes: &[impl AsRef<Path>],
+) -> Result<(), Error> {
     compile_with(tonic_prost_build::configure(), protos, includes)
 }
 
@@ -91,9 +94,17 @@ pub fn compile_with(
 }
 
 /// Parses and checks `protos` without generating code (for tests and tools).
-pub fn check(protos: &[impl AsRef<Path>], includes: &[impl AsRef<Path>]) -> Result<Vec<PathBuf>, Error> {
+pub fn check(
+    protos: &[impl AsRef<Path>],
+    includes: &[impl AsRef<Path>],
+) -> Result<Vec<PathBuf>, Error> {
     let fds = protox::compile(protos, includes)?;
-    Ok(fds.file.iter().filter_map(|f| f.name.clone()).map(PathBuf::from).collect())
+    Ok(fds
+        .file
+        .iter()
+        .filter_map(|f| f.name.clone())
+        .map(PathBuf::from)
+        .collect())
 }
 
 #[cfg(test)]

@@ -107,7 +107,10 @@ type RespStream = Pin<Box<dyn Stream<Item = Result<EchoResponse, Status>> + Send
 
 #[tonic::async_trait]
 impl Echo for EchoService {
-    async fn unary_echo(&self, request: Request<EchoRequest>) -> Result<Response<EchoResponse>, Status> {
+    async fn unary_echo(
+        &self,
+        request: Request<EchoRequest>,
+    ) -> Result<Response<EchoResponse>, Status> {
         let track = Track::new(&self.stats);
         let md = request.metadata().clone();
         let req = request.into_inner();
@@ -203,6 +206,8 @@ impl Echo for EchoService {
             }
             track.done();
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as RespStream))
+        Ok(Response::new(
+            Box::pin(ReceiverStream::new(rx)) as RespStream
+        ))
     }
 }

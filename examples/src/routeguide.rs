@@ -143,7 +143,6 @@ where
     ReceiverStream::new(rx)
 }
 
-
 /// Whether `point` lies in `rect`.
 pub fn in_range(point: &Point, rect: &Rectangle) -> bool {
     use std::cmp;

@@ -5,7 +5,9 @@ use rpc_examples::pb::helloworld::greeter_client::GreeterClient;
 use rpc_examples::pb::helloworld::HelloRequest;
 
 #[derive(Parser)]
-#[command(about = "Greeter client: RDMA first, TCP fallback; prints which transport carried the call")]
+#[command(
+    about = "Greeter client: RDMA first, TCP fallback; prints which transport carried the call"
+)]
 struct Args {
     /// Server address.
     #[arg(long, default_value = rpc_examples::DEFAULT_ADDR)]

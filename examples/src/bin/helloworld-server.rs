@@ -10,6 +10,9 @@ struct Args {
     /// Address to serve on.
     #[arg(long, default_value = rpc_examples::DEFAULT_ADDR)]
     addr: std::net::SocketAddr,
+    /// Serve HTTP/2 on TCP only (no RDMA listener).
+    #[arg(long)]
+    tcp_only: bool,
 }
 
 #[tokio::main]
@@ -21,6 +24,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("GreeterServer listening on {}", args.addr);
 
     Server::builder()
+        .tcp_only(args.tcp_only)
         .add_service(GreeterServer::new(greeter))
         .serve_with_shutdown(args.addr, async {
             let _ = tokio::signal::ctrl_c().await;

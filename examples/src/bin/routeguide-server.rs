@@ -21,11 +21,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     rpc_examples::init_tracing();
     let args = Args::parse();
     let json = match &args.db {
-        Some(p) => std::fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))?,
+        Some(p) => {
+            std::fs::read_to_string(p).map_err(|e| format!("reading {}: {e}", p.display()))?
+        }
         None => BUNDLED_DB.to_string(),
     };
     let features = load_db(&json).map_err(|e| format!("parsing the feature database: {e}"))?;
-    println!("RouteGuideServer listening on {} ({} features)", args.addr, features.len());
+    println!(
+        "RouteGuideServer listening on {} ({} features)",
+        args.addr,
+        features.len()
+    );
 
     let route_guide = RouteGuideService {
         features: Arc::new(features),

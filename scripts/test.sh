@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs every test of the project (the README's test command; .ci/run calls it):
+#   1. host: unit tests, engine/property tests, codegen, the behaviour suite over the
+#      in-memory and TCP paths (RDMA tests print SKIP on a host without a device);
+#   2. a stock gRPC client (Python grpcio) against helloworld-server over TCP;
+#   3. the device suite in ONE Soft-RoCE VM boot (scripts/vm-suite.sh): rdma-transport
+#      on real verbs, the behaviour suite over RDMA, transport selection and fallback,
+#      the examples. Inside the VM, a missing device fails the tests loudly.
+# Needs: the apt packages .ci/run installs, and ../shared/softroce/ (or SOFTROCE_SCRIPT).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+SOFTROCE=${SOFTROCE_SCRIPT:-$ROOT/../shared/softroce/run-in-softroce-vm.sh}
+passed=0; failed=0; failures=()
+step() {
+  local name=$1; shift
+  echo; echo "=== $name"
+  local t0=$SECONDS
+  if "$@"; then passed=$((passed+1)); echo "=== $name: ok ($((SECONDS-t0)) s)"
+  else failed=$((failed+1)); failures+=("$name"); echo "=== $name: FAILED ($((SECONDS-t0)) s)"; fi
+}
+
+step "build (workspace, all targets)" cargo build --workspace --all-targets --quiet
+step "host tests (cargo test --workspace)" cargo test --workspace --quiet --no-fail-fast
+step "stock gRPC client (grpcio) -> helloworld-server over TCP" \
+  python3 tests/stock_client/grpcio_hello.py --server target/debug/helloworld-server
+
+# Test binaries that need a device, built above; found by target name.
+bins=$(cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+want = {"verbs": "VERBS_TEST", "behaviour": "BEHAVIOUR_TEST"}
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
+        print(f"{want[m[\"target\"][\"name\"]]}={m[\"executable\"]}")
+')
+export $bins
+if [ -z "${VERBS_TEST:-}" ] || [ -z "${BEHAVIOUR_TEST:-}" ]; then
+  failed=$((failed+1)); failures+=("locating device test binaries"); echo "could not find test binaries: $bins"
+elif [ ! -x "$SOFTROCE" ]; then
+  failed=$((failed+1)); failures+=("Soft-RoCE VM"); echo "missing $SOFTROCE (set SOFTROCE_SCRIPT)"
+else
+  step "Soft-RoCE VM suite (one boot)" env VERBS_TEST="$VERBS_TEST" BEHAVIOUR_TEST="$BEHAVIOUR_TEST" \
+    SOFTROCE_VM_TIMEOUT=${SOFTROCE_VM_TIMEOUT:-1800} "$SOFTROCE" "$ROOT/scripts/vm-suite.sh"
+fi
+
+echo
+for f in "${failures[@]}"; do echo "failed step: $f"; done
+echo "test steps: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Runs inside the Soft-RoCE VM (scripts/test.sh starts it): every test that needs
+# verbs, each bounded by a timeout. SOFTROCE_IN_VM=1 makes a missing device fail.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=target/debug
+: "${SOFTROCE_IP:?not inside the Soft-RoCE VM}" "${VERBS_TEST:?}" "${BEHAVIOUR_TEST:?}"
+export RUST_LOG=${RUST_LOG:-warn} RUST_BACKTRACE=1
+passed=0; failed=0
+check() { # name, then command; the command's output is kept in $out
+  local name=$1; shift
+  local t0=$SECONDS
+  if out=$("$@" 2>&1); then passed=$((passed+1)); echo "vm: ok     $name ($((SECONDS-t0)) s)"
+  else failed=$((failed+1)); echo "vm: FAILED $name ($((SECONDS-t0)) s)"; echo "$out" | tail -40; fi
+}
+run() { # name, then command; output streamed
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "vm: --- $name"
+  if "$@"; then passed=$((passed+1)); echo "vm: ok     $name ($((SECONDS-t0)) s)"
+  else failed=$((failed+1)); echo "vm: FAILED $name ($((SECONDS-t0)) s)"; fi
+}
+# Runs a command with the example services' per-request println lines filtered out.
+quiet() { "$@" 2>&1 | grep -vE '^(Got a request|GetFeature|ListFeatures =|  =>| ///|RecordRoute$|  ==>|RouteChat$)'; return "${PIPESTATUS[0]}"; }
+T0=$SECONDS
+echo "vm: device ${SOFTROCE_DEV:-?} ip $SOFTROCE_IP"
+
+run "rdma-transport on verbs (message sizes, 100k messages, both ways, many conns, peer killed, no listener)" \
+  timeout 600 "$VERBS_TEST" --test-threads=1
+run "behaviour suite over RDMA (all call kinds, 64 MiB, 1000 calls, deadlines, cancel)" \
+  quiet timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --test-threads=1
+run "transport selection (WRITE path, mixed clients, fallback, reconnect)" \
+  timeout 300 "$BEHAVIOUR_TEST" transports --test-threads=1
+
+# The examples, as a user runs them.
+A="$SOFTROCE_IP:50051"
+timeout 300 $BIN/helloworld-server --addr "$A" >/tmp/hw-server.log 2>&1 &
+srv=$!
+sleep 1
+check "helloworld-client over RDMA prints 'transport: rdma'" \
+  bash -c "timeout 60 $BIN/helloworld-client --addr $A | tee /dev/stderr | grep -qx 'transport: rdma'"
+check "helloworld-client --transport tcp at the same time as a stock grpcio client" bash -c "
+  timeout 60 python3 tests/stock_client/grpcio_hello.py --no-spawn --addr $A --calls 50 & py=\$!
+  timeout 60 $BIN/helloworld-client --addr $A --transport tcp | grep -qx 'transport: tcp' || exit 1
+  timeout 60 $BIN/helloworld-client --addr $A | grep -qx 'transport: rdma' || exit 1
+  wait \$py"
+kill $srv 2>/dev/null; wait $srv 2>/dev/null
+
+B="$SOFTROCE_IP:50052"
+timeout 120 $BIN/helloworld-server --addr "$B" --tcp-only >/dev/null 2>&1 &
+srv=$!
+sleep 1
+check "helloworld-client against a TCP-only server prints the fallback line" \
+  bash -c "timeout 60 $BIN/helloworld-client --addr $B | tee /dev/stderr | grep -q '^transport: tcp (fallback: peer .* does not accept RDMA'"
+kill $srv 2>/dev/null; wait $srv 2>/dev/null
+
+C="$SOFTROCE_IP:50053"
+timeout 300 $BIN/routeguide-server --addr "$C" >/dev/null 2>&1 &
+srv=$!
+sleep 1
+check "routeguide-client (all four call kinds) over RDMA" \
+  bash -c "timeout 120 $BIN/routeguide-client --addr $C | tail -3 | tee /dev/stderr | grep -qx 'transport: rdma'"
+kill $srv 2>/dev/null; wait $srv 2>/dev/null
+
+check "demo over RDMA" bash -c "timeout 300 $BIN/demo --addr $SOFTROCE_IP:0 --calls 50 | grep -E '^(server|client|  [A-Z]|summary)' | tee /dev/stderr | grep -q '^client: transport: rdma'"
+
+echo "vm: suite wall time $((SECONDS-T0)) s"
+echo "vm: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
