@@ -202,7 +202,26 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
     let id = Arc::new(id);
     let res = build_resources(&id, cfg)?;
     // §2.3 step 3: connect with our hello as private data.
-    id.connect(&res.hello.encode())?;
+    id.connect(&res.hello.encode()).map_err(|e| match e {
+        // iWARP connects over TCP synchronously: no listener = ECONNREFUSED.
+        Error::Verb { errno, .. } if errno.0 == libc::ECONNREFUSED => Error::Rejected {
+            addr,
+            status: -errno.0,
+            reason: ": connection refused".into(),
+        },
+        Error::Verb { errno, .. }
+            if matches!(
+                errno.0,
+                libc::EHOSTUNREACH | libc::ENETUNREACH | libc::ETIMEDOUT
+            ) =>
+        {
+            Error::Unreachable {
+                addr,
+                status: -errno.0,
+            }
+        }
+        e => e,
+    })?;
     let e = tokio::time::timeout(cfg.connect_timeout, next_event(&chan, &afd))
         .await
         .map_err(|_| Error::Timeout { stage: "connect" })??;
@@ -662,7 +681,7 @@ impl Driver {
         let now = self.engine.counters;
         self.stats.add_delta(&now, &self.last);
         self.last = now;
-        if self.engine.close_flushed() {
+        if self.engine.close_confirmed() {
             for w in self.close_waiters.drain(..) {
                 let _ = w.send(());
             }
@@ -670,9 +689,11 @@ impl Driver {
         Ok(())
     }
 
+    /// §6: both directions done and the peer confirmed our CLOSE, so no
+    /// data of ours can still be in flight (iWARP completes SENDs locally).
     fn finished(&self) -> bool {
         !self.cmd_open
-            && self.engine.close_flushed()
+            && self.engine.close_confirmed()
             && (self.engine.peer_closed() || !self.recv_open)
     }
 
@@ -739,7 +760,13 @@ impl Driver {
                             // Salvage messages that arrived before the disconnect.
                             self.poll_cq(true)?;
                             self.step()?;
-                            if self.finished() || (self.engine.peer_closed() && !self.cmd_open && self.engine.close_flushed()) {
+                            // Clean if the peer closed and so did we (the peer
+                            // only disconnects after confirming our CLOSE).
+                            if self.finished()
+                                || ((self.engine.peer_closed() || !self.recv_open)
+                                    && !self.cmd_open
+                                    && self.engine.close_flushed())
+                            {
                                 return Ok(());
                             }
                             return Err(Error::Disconnected);

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
-use self::wire::{Header, Hello, Kind, FLAG_LAST, HDR_LEN};
+use self::wire::{Header, Hello, Kind, FLAG_CLOSE_SEEN, FLAG_LAST, HDR_LEN};
 
 /// Access to the registered memory the engine reads and writes (copies only).
 pub trait Buffers {
@@ -232,6 +232,7 @@ pub struct Engine {
     peer_closed: bool,
     wait_first_recv: bool,
     force_credit: bool,
+    peer_saw_close: bool,
     // --- outputs ---
     actions: Vec<Action>,
     events: VecDeque<Event>,
@@ -268,6 +269,7 @@ impl Engine {
             peer_closed: false,
             wait_first_recv: false,
             force_credit: false,
+            peer_saw_close: false,
             actions: Vec::new(),
             events: VecDeque::new(),
             counters: EngineCounters::default(),
@@ -328,6 +330,12 @@ impl Engine {
     /// CLOSE posted and every send-queue work request completed.
     pub fn close_flushed(&self) -> bool {
         self.close_sent && self.pending.is_empty() && self.records.is_empty()
+    }
+
+    /// CLOSE flushed and the peer confirmed it received it (and therefore
+    /// every message before it): safe to disconnect (§6).
+    pub fn close_confirmed(&self) -> bool {
+        self.close_flushed() && self.peer_saw_close
     }
 
     /// CLOSE posted.
@@ -438,6 +446,12 @@ impl Engine {
             return Self::proto("peer returned too many rendezvous buffers".into());
         }
         self.peer_rdv_avail = avail;
+        if h.flags & FLAG_CLOSE_SEEN != 0 {
+            if !self.close_sent {
+                return Self::proto("peer acknowledged a CLOSE we never sent".into());
+            }
+            self.peer_saw_close = true;
+        }
         if self.peer_closed && h.kind != Kind::Credit {
             return Self::proto(format!("{:?} after CLOSE", h.kind));
         }
@@ -466,6 +480,8 @@ impl Engine {
                     return Self::proto("CLOSE inside a rendezvous message".into());
                 }
                 self.peer_closed = true;
+                // §6: confirm promptly so the peer may disconnect.
+                self.force_credit = true;
                 self.events.push_back(Event::PeerClosed);
                 self.owed_data += 1;
             }
@@ -554,7 +570,9 @@ impl Engine {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.unsignaled_run += 1;
-        let signaled = force_signal || self.unsignaled_run >= self.cfg.signal_every;
+        // After CLOSE everything is signalled so the SQ drains completely (§6).
+        let signaled =
+            force_signal || self.close_sent || self.unsignaled_run >= self.cfg.signal_every;
         if signaled {
             self.unsignaled_run = 0;
         }
@@ -578,6 +596,9 @@ impl Engine {
             .pop_front()
             .expect("caller checked free slot");
         self.fill_returns(&mut h);
+        if self.peer_closed {
+            h.flags |= FLAG_CLOSE_SEEN;
+        }
         let b = bufs.send_slot(slot);
         h.encode(&mut b[..HDR_LEN]);
         b[HDR_LEN..HDR_LEN + payload.len()].copy_from_slice(payload);

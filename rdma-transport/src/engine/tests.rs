@@ -350,6 +350,16 @@ fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Sid
             break;
         }
     }
+    assert!(
+        a.e.close_confirmed() && b.e.close_confirmed(),
+        "close handshake (§6): a flushed {} saw {} rec {:?}; b flushed {} saw {} rec {:?}",
+        a.e.close_flushed(),
+        a.e.peer_saw_close,
+        a.e.records,
+        b.e.close_flushed(),
+        b.e.peer_saw_close,
+        b.e.records
+    );
     // Credit conservation at quiescence (§4.2): what a holds + what b owes
     // == b's receive ring.
     assert_eq!(a.e.credits() + b.e.owed_total, pb.slots);

@@ -39,6 +39,8 @@ impl Kind {
 
 /// Flag bit: last chunk of a rendezvous message (§5.2).
 pub const FLAG_LAST: u8 = 1;
+/// Flag bit: the sender has received our CLOSE, hence all our messages (§6).
+pub const FLAG_CLOSE_SEEN: u8 = 2;
 
 /// Connection parameters exchanged in the rdma_cm private data (§2.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -335,8 +335,8 @@ impl Qp {
             if inline_try == 0 {
                 return Err(verb_err("rdma_create_qp"));
             }
-            // Device refused the inline size: retry without inline data.
-            inline_try = 0;
+            // Device refused the inline size: retry with less (down to 0).
+            inline_try = if inline_try > 32 { inline_try / 2 } else { 0 };
         }
     }
 
