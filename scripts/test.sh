@@ -30,12 +30,14 @@ bins=$(cargo test --workspace --no-run --message-format=json 2>/dev/null | pytho
 import json, sys
 want = {"verbs": "VERBS_TEST", "behaviour": "BEHAVIOUR_TEST"}
 for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
-        print(f"{want[m[\"target\"][\"name\"]]}={m[\"executable\"]}")
+        print(want[m["target"]["name"]] + "=" + m["executable"])
 ')
-export $bins
+[ -n "$bins" ] && export $bins
 if [ -z "${VERBS_TEST:-}" ] || [ -z "${BEHAVIOUR_TEST:-}" ]; then
   failed=$((failed+1)); failures+=("locating device test binaries"); echo "could not find test binaries: $bins"
 elif [ ! -x "$SOFTROCE" ]; then
