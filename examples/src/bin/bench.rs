@@ -1,0 +1,855 @@
+//! Benchmark of unary calls: our RDMA path, our TCP path, the in-memory path
+//! and plain tonic over TCP, against one in-process echo server.
+//!
+//! Every cell (payload size × calls in flight) reports latency percentiles
+//! (hdrhistogram, per call), calls/s, bandwidth and CPU time per call.
+//! Requests carry `payload` bytes and ask for a 1-byte reply
+//! (`reply_bytes: 1`), so "payload" is the request size and bandwidth counts
+//! request bytes; `--echo-both-ways` echoes the payload back instead.
+//! Client and server run in this one process: CPU time (getrusage
+//! RUSAGE_SELF, user+sys) and context switches are client+server.
+//!
+//! ```text
+//! bench --paths rdma,tcp-fallback,tonic-tcp --duration-ms 1000 --markdown out.md
+//! bench --paths memory,tonic-tcp --payloads 64 --inflight 1 --iters 10000
+//! bench --quick --paths memory,tcp-fallback,tonic-tcp          # CI smoke
+//! ```
+//! Figures go to stdout (markdown tables), progress to stderr. No figure is
+//! checked against a threshold.
+use clap::Parser;
+use hdrhistogram::Histogram;
+use rpc_core::{Channel, Server, Transport};
+use rpc_examples::echo::EchoService;
+use rpc_examples::pb::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoRequest};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Codec limit on both sides (16 MiB payloads plus framing).
+const MAX_MSG: usize = 64 << 20;
+
+/// Default cells: payload size and the in-flight counts measured for it.
+const CELLS: &[(usize, &[usize])] = &[
+    (64, &[1, 8, 64]),
+    (1 << 10, &[1, 8, 64]),
+    (16 << 10, &[1]),
+    (64 << 10, &[1]),
+    (1 << 20, &[1, 8]),
+    (16 << 20, &[1, 8]),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum PathKind {
+    /// Our `Channel`, `Transport::RdmaOnly`.
+    Rdma,
+    /// Our `Channel`, `Transport::TcpOnly` (HTTP/2 through our wrapper).
+    TcpFallback,
+    /// Plain `tonic::transport::Channel` to the same server.
+    TonicTcp,
+    /// Our call protocol over an in-memory connection (`Router::into_memory`).
+    Memory,
+}
+
+impl PathKind {
+    fn name(self) -> &'static str {
+        match self {
+            PathKind::Rdma => "rdma",
+            PathKind::TcpFallback => "tcp-fallback",
+            PathKind::TonicTcp => "tonic-tcp",
+            PathKind::Memory => "memory",
+        }
+    }
+}
+
+impl FromStr for PathKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.trim() {
+            "rdma" => PathKind::Rdma,
+            "tcp-fallback" | "tcp" => PathKind::TcpFallback,
+            "tonic-tcp" | "tonic" => PathKind::TonicTcp,
+            "memory" | "mem" => PathKind::Memory,
+            o => {
+                return Err(format!(
+                    "unknown path {o:?}: expected rdma, tcp-fallback, tonic-tcp or memory"
+                ))
+            }
+        })
+    }
+}
+
+/// `64`, `1k`, `1KiB`, `16m`, `16MiB` → bytes.
+fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.trim_end_matches("ib").trim_end_matches('b');
+    let (num, mul) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<usize>()
+        .map(|n| n * mul)
+        .map_err(|e| format!("bad size {s:?}: {e}"))
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Unary echo benchmark: rdma, tcp-fallback, memory and tonic-tcp paths")]
+struct Args {
+    /// Address to serve on (port 0 = any free port). In the Soft-RoCE VM use $SOFTROCE_IP:0.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    addr: SocketAddr,
+    /// Paths to measure, in order: rdma, tcp-fallback, tonic-tcp, memory.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rdma,tcp-fallback,tonic-tcp"
+    )]
+    paths: Vec<PathKind>,
+    /// Measuring time per cell (after a short warm-up).
+    #[arg(long, default_value_t = 1000)]
+    duration_ms: u64,
+    /// Calls per cell instead of a duration (at least one per call in flight).
+    #[arg(long)]
+    iters: Option<u64>,
+    /// Cap on request bytes per cell (MiB): large-payload cells stop after
+    /// max(cap / payload, in-flight) calls. For slow (emulated) links.
+    #[arg(long)]
+    max_cell_mib: Option<u64>,
+    /// Warm-up calls per cell (default: ~10% of the cell, at most 200 ms; one call for >= 1 MiB).
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// Only these payload sizes (e.g. 64,1k,16m). Default: 64 B..16 MiB (--quick: up to 1 MiB).
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    payloads: Option<Vec<usize>>,
+    /// Only these in-flight counts (e.g. 1,8).
+    #[arg(long, value_delimiter = ',')]
+    inflight: Option<Vec<usize>>,
+    /// Echo the payload back (both directions carry `payload` bytes).
+    #[arg(long)]
+    echo_both_ways: bool,
+    /// Tiny smoke run: 3 calls per cell (at least one per call in flight), payloads up to 1 MiB.
+    #[arg(long)]
+    quick: bool,
+    /// Tokio worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Also write the tables (markdown) to this file.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Also write every figure as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Clone)]
+enum Client {
+    Ours(EchoClient<Channel>),
+    Tonic(EchoClient<tonic::transport::Channel>),
+}
+
+impl Client {
+    async fn call(&mut self, req: EchoRequest) -> Result<usize, tonic::Status> {
+        let r = match self {
+            Client::Ours(c) => c.unary_echo(req).await?.into_inner(),
+            Client::Tonic(c) => c.unary_echo(req).await?.into_inner(),
+        };
+        Ok(r.payload.len())
+    }
+}
+
+fn ours(ch: Channel) -> Client {
+    Client::Ours(
+        EchoClient::new(ch)
+            .max_decoding_message_size(MAX_MSG)
+            .max_encoding_message_size(MAX_MSG),
+    )
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    cpu_us: f64,
+    csw: u64,
+}
+
+fn usage() -> Usage {
+    // SAFETY: getrusage only writes into the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage; RUSAGE_SELF is always valid.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    Usage {
+        cpu_us: tv(ru.ru_utime) + tv(ru.ru_stime),
+        csw: (ru.ru_nvcsw + ru.ru_nivcsw) as u64,
+    }
+}
+
+/// RDMA transport counters per call (process-wide, so client+server).
+#[derive(Debug, Clone, Default, Serialize)]
+struct RdmaPerCall {
+    msgs: f64,
+    eager_sends: f64,
+    inline_sends: f64,
+    rendezvous_writes: f64,
+    credit_msgs: f64,
+    cq_events: f64,
+}
+
+fn rdma_delta(
+    a: &rdma_transport::StatsSnapshot,
+    b: &rdma_transport::StatsSnapshot,
+    calls: u64,
+) -> RdmaPerCall {
+    let n = calls.max(1) as f64;
+    let d = |x: u64, y: u64| y.saturating_sub(x) as f64 / n;
+    RdmaPerCall {
+        msgs: d(a.msgs_sent + a.msgs_recv, b.msgs_sent + b.msgs_recv),
+        eager_sends: d(a.eager_sends, b.eager_sends),
+        inline_sends: d(a.inline_sends, b.inline_sends),
+        rendezvous_writes: d(a.rendezvous_writes, b.rendezvous_writes),
+        credit_msgs: d(a.credit_msgs, b.credit_msgs),
+        cq_events: d(a.cq_events, b.cq_events),
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct CellResult {
+    path: PathKind,
+    payload: usize,
+    inflight: usize,
+    calls: u64,
+    elapsed_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    max_us: f64,
+    mean_us: f64,
+    calls_per_s: f64,
+    /// Payload bytes moved per second (request only, or both ways with --echo-both-ways).
+    bytes_per_s: f64,
+    /// getrusage(RUSAGE_SELF) user+sys per call, client+server.
+    cpu_us_per_call: f64,
+    /// Voluntary + involuntary context switches per call (whole process).
+    ctx_switches_per_call: f64,
+    rdma: Option<RdmaPerCall>,
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct PathInfo {
+    path: PathKind,
+    transport: Option<String>,
+    skipped: Option<String>,
+}
+
+#[derive(Clone, Copy)]
+struct Budget {
+    duration: Duration,
+    calls: Option<u64>,
+}
+
+/// Runs `inflight` workers on clones of `client` until the budget is used;
+/// returns the merged latency histogram (ns) and the number of calls.
+async fn drive(
+    client: &Client,
+    payload: usize,
+    inflight: usize,
+    echo: bool,
+    budget: Budget,
+) -> Result<(Histogram<u64>, u64), String> {
+    let base = EchoRequest {
+        payload: vec![0x5a; payload],
+        reply_bytes: if echo { 0 } else { 1 },
+        ..Default::default()
+    };
+    let expect = if echo { payload } else { 1 };
+    let base = Arc::new(base);
+    let tickets = Arc::new(AtomicU64::new(0));
+    let end = Instant::now() + budget.duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..inflight {
+        let mut client = client.clone();
+        let base = base.clone();
+        let tickets = tickets.clone();
+        tasks.spawn(async move {
+            let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap();
+            let mut first = true;
+            loop {
+                match budget.calls {
+                    Some(n) => {
+                        if tickets.fetch_add(1, Ordering::Relaxed) >= n {
+                            break;
+                        }
+                    }
+                    None => {
+                        if !first && Instant::now() >= end {
+                            break;
+                        }
+                    }
+                }
+                first = false;
+                let req = (*base).clone(); // payload copy outside the timed call
+                let t = Instant::now();
+                let got = client
+                    .call(req)
+                    .await
+                    .map_err(|s| format!("worker {w}: {:?}: {}", s.code(), s.message()))?;
+                let ns = t.elapsed().as_nanos() as u64;
+                if got != expect {
+                    return Err(format!("reply of {got} bytes, expected {expect}"));
+                }
+                h.saturating_record(ns.max(1));
+            }
+            Ok::<_, String>(h)
+        });
+    }
+    let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap();
+    let mut err = None;
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(h)) => all.add(&h).map_err(|e| e.to_string())?,
+            Ok(Err(e)) => {
+                if err.is_none() {
+                    err = Some(e);
+                    tasks.abort_all();
+                }
+            }
+            Err(e) if e.is_cancelled() => {}
+            Err(e) => err = Some(format!("worker panicked: {e}")),
+        }
+    }
+    match err {
+        Some(e) => Err(e),
+        None => {
+            let n = all.len();
+            Ok((all, n))
+        }
+    }
+}
+
+async fn run_cell(
+    path: PathKind,
+    client: &Client,
+    payload: usize,
+    inflight: usize,
+    args: &Args,
+) -> CellResult {
+    let echo = args.echo_both_ways;
+    let mut result = CellResult {
+        path,
+        payload,
+        inflight,
+        calls: 0,
+        elapsed_s: 0.0,
+        p50_us: 0.0,
+        p99_us: 0.0,
+        p999_us: 0.0,
+        max_us: 0.0,
+        mean_us: 0.0,
+        calls_per_s: 0.0,
+        bytes_per_s: 0.0,
+        cpu_us_per_call: 0.0,
+        ctx_switches_per_call: 0.0,
+        rdma: None,
+        error: None,
+    };
+    let inflight_calls = inflight as u64;
+    // Measurement budget.
+    let mut calls = if args.quick {
+        Some(3.max(inflight_calls))
+    } else {
+        args.iters.map(|n| n.max(inflight_calls))
+    };
+    if let Some(cap) = args.max_cell_mib {
+        let by_bytes = ((cap << 20) / payload.max(1) as u64).max(inflight_calls);
+        if payload >= 1 << 20 || calls.is_some() {
+            calls = Some(calls.map_or(by_bytes, |c| c.min(by_bytes)));
+        }
+    }
+    let budget = Budget {
+        duration: Duration::from_millis(args.duration_ms),
+        calls,
+    };
+    // Warm-up: connections, buffers, allocator, caches.
+    let warm = if let Some(w) = args.warmup {
+        Budget {
+            duration: Duration::ZERO,
+            calls: Some(w),
+        }
+    } else if args.quick || payload >= 1 << 20 {
+        Budget {
+            duration: Duration::ZERO,
+            calls: Some(1),
+        }
+    } else if let Some(n) = budget.calls {
+        Budget {
+            duration: Duration::ZERO,
+            calls: Some((n / 10).max(1)),
+        }
+    } else {
+        Budget {
+            duration: (budget.duration / 10).min(Duration::from_millis(200)),
+            calls: None,
+        }
+    };
+    if warm.calls != Some(0) {
+        let w_inflight = if warm.calls == Some(1) { 1 } else { inflight };
+        if let Err(e) = drive(client, payload, w_inflight, echo, warm).await {
+            result.error = Some(format!("warm-up: {e}"));
+            return result;
+        }
+    }
+
+    let rdma0 = rdma_transport::global_stats();
+    let u0 = usage();
+    let t0 = Instant::now();
+    let r = drive(client, payload, inflight, echo, budget).await;
+    let elapsed = t0.elapsed().as_secs_f64();
+    let u1 = usage();
+    let rdma1 = rdma_transport::global_stats();
+    match r {
+        Err(e) => result.error = Some(e),
+        Ok((h, n)) => {
+            let us = |ns: u64| ns as f64 / 1000.0;
+            let nf = n.max(1) as f64;
+            result.calls = n;
+            result.elapsed_s = elapsed;
+            result.p50_us = us(h.value_at_quantile(0.50));
+            result.p99_us = us(h.value_at_quantile(0.99));
+            result.p999_us = us(h.value_at_quantile(0.999));
+            result.max_us = us(h.max());
+            result.mean_us = h.mean() / 1000.0;
+            result.calls_per_s = n as f64 / elapsed;
+            let per_call_bytes = if echo { 2 * payload } else { payload };
+            result.bytes_per_s = result.calls_per_s * per_call_bytes as f64;
+            result.cpu_us_per_call = (u1.cpu_us - u0.cpu_us) / nf;
+            result.ctx_switches_per_call = (u1.csw - u0.csw) as f64 / nf;
+            if path == PathKind::Rdma {
+                result.rdma = Some(rdma_delta(&rdma0, &rdma1, n));
+            }
+        }
+    }
+    result
+}
+
+fn size(n: usize) -> String {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
+        format!("{} MiB", n >> 20)
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
+        format!("{} KiB", n >> 10)
+    } else {
+        format!("{n} B")
+    }
+}
+
+fn lat(us: f64) -> String {
+    if us >= 10_000.0 {
+        format!("{:.1} ms", us / 1000.0)
+    } else if us >= 1000.0 {
+        format!("{:.2} ms", us / 1000.0)
+    } else {
+        format!("{us:.1} µs")
+    }
+}
+
+fn bw(bytes_per_s: f64) -> String {
+    if bytes_per_s >= 1e9 {
+        format!("{:.2} GB/s", bytes_per_s / 1e9)
+    } else if bytes_per_s >= 1e6 {
+        format!("{:.1} MB/s", bytes_per_s / 1e6)
+    } else {
+        format!("{:.1} kB/s", bytes_per_s / 1e3)
+    }
+}
+
+fn rate(r: f64) -> String {
+    if r >= 100.0 {
+        format!("{r:.0}")
+    } else {
+        format!("{r:.2}")
+    }
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if a > 0.0 && b > 0.0 {
+        format!("{:.2}×", a / b)
+    } else {
+        "–".into()
+    }
+}
+
+fn progress(r: &CellResult) {
+    let cell = format!("[{}] {} ×{}", r.path.name(), size(r.payload), r.inflight);
+    match &r.error {
+        Some(e) => eprintln!("{cell}: FAILED: {e}"),
+        None => {
+            let mut extra = String::new();
+            if let Some(c) = &r.rdma {
+                let _ = write!(
+                    extra,
+                    ", rdma/call: {:.1} msgs, {:.1} rdv writes, {:.2} credit msgs, {:.2} cq events",
+                    c.msgs, c.rendezvous_writes, c.credit_msgs, c.cq_events
+                );
+            }
+            eprintln!(
+                "{cell}: {} calls in {:.2} s, p50 {} p99 {} p99.9 {}, {} calls/s, {}, CPU {:.1} µs/call, {:.2} ctx sw/call{extra}",
+                r.calls,
+                r.elapsed_s,
+                lat(r.p50_us),
+                lat(r.p99_us),
+                lat(r.p999_us),
+                rate(r.calls_per_s),
+                bw(r.bytes_per_s),
+                r.cpu_us_per_call,
+                r.ctx_switches_per_call
+            );
+        }
+    }
+}
+
+fn find(
+    results: &[CellResult],
+    path: PathKind,
+    payload: usize,
+    inflight: usize,
+) -> Option<&CellResult> {
+    results.iter().find(|r| {
+        r.path == path && r.payload == payload && r.inflight == inflight && r.error.is_none()
+    })
+}
+
+fn render(
+    args: &Args,
+    infos: &[PathInfo],
+    cells: &[(usize, usize)],
+    results: &[CellResult],
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Unary echo; payload = request bytes, reply {}; client and server in one process \
+         (CPU = getrusage user+sys of the process per call, client+server; ctx sw = voluntary+involuntary context switches per call).\n",
+        if args.echo_both_ways {
+            "echoes the payload (bandwidth counts both directions)"
+        } else {
+            "1 byte (bandwidth counts request bytes)"
+        }
+    );
+    for i in infos {
+        match (&i.transport, &i.skipped) {
+            (_, Some(why)) => {
+                let _ = writeln!(out, "* {}: **skipped**: {why}", i.path.name());
+            }
+            (Some(t), None) => {
+                let _ = writeln!(out, "* {}: transport `{t}`", i.path.name());
+            }
+            _ => {}
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\n| payload | in flight | path | calls | p50 | p99 | p99.9 | calls/s | bandwidth | CPU/call | ctx sw/call |"
+    );
+    let _ = writeln!(
+        out,
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for &(payload, inflight) in cells {
+        for i in infos.iter().filter(|i| i.skipped.is_none()) {
+            let Some(r) = results
+                .iter()
+                .find(|r| r.path == i.path && r.payload == payload && r.inflight == inflight)
+            else {
+                continue;
+            };
+            if let Some(e) = &r.error {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | failed: {} |||||||",
+                    size(payload),
+                    inflight,
+                    r.path.name(),
+                    e.replace('|', "/")
+                );
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} µs | {:.2} |",
+                size(payload),
+                inflight,
+                r.path.name(),
+                r.calls,
+                lat(r.p50_us),
+                lat(r.p99_us),
+                lat(r.p999_us),
+                rate(r.calls_per_s),
+                bw(r.bytes_per_s),
+                r.cpu_us_per_call,
+                r.ctx_switches_per_call
+            );
+        }
+    }
+
+    // Ratios against the baseline (tonic-tcp when measured).
+    let live: Vec<PathKind> = infos
+        .iter()
+        .filter(|i| i.skipped.is_none())
+        .map(|i| i.path)
+        .collect();
+    if let Some(&base) = live
+        .iter()
+        .find(|p| **p == PathKind::TonicTcp)
+        .or(live.last())
+    {
+        let others: Vec<PathKind> = live.iter().copied().filter(|p| *p != base).collect();
+        if !others.is_empty() {
+            let _ = writeln!(
+                out,
+                "\nRatios against {} (p50 and CPU/call: lower is better, below 1× beats the baseline; \
+                 calls/s: above 1× beats it).\n",
+                base.name()
+            );
+            let mut head = "| payload | in flight |".to_string();
+            let mut rule = "|---|---:|".to_string();
+            for p in &others {
+                let _ = write!(
+                    head,
+                    " {0}/{1} p50 | {0}/{1} calls/s | {0}/{1} CPU/call |",
+                    p.name(),
+                    base.name()
+                );
+                rule.push_str("---:|---:|---:|");
+            }
+            let _ = writeln!(out, "{head}\n{rule}");
+            for &(payload, inflight) in cells {
+                let b = find(results, base, payload, inflight);
+                let _ = write!(out, "| {} | {} |", size(payload), inflight);
+                for p in &others {
+                    match (find(results, *p, payload, inflight), b) {
+                        (Some(r), Some(b)) => {
+                            let _ = write!(
+                                out,
+                                " {} | {} | {} |",
+                                ratio(r.p50_us, b.p50_us),
+                                ratio(r.calls_per_s, b.calls_per_s),
+                                ratio(r.cpu_us_per_call, b.cpu_us_per_call)
+                            );
+                        }
+                        _ => out.push_str(" – | – | – |"),
+                    }
+                }
+                out.push('\n');
+            }
+        }
+    }
+
+    let rdma_rows: Vec<&CellResult> = results.iter().filter(|r| r.rdma.is_some()).collect();
+    if !rdma_rows.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nRDMA transport counters per call (rdma_transport::global_stats deltas; client+server):\n"
+        );
+        let _ = writeln!(
+            out,
+            "| payload | in flight | msgs | eager SENDs | inline SENDs | rendezvous WRITEs | credit msgs | CQ events |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in rdma_rows {
+            let c = r.rdma.as_ref().unwrap();
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                size(r.payload),
+                r.inflight,
+                c.msgs,
+                c.eager_sends,
+                c.inline_sends,
+                c.rendezvous_writes,
+                c.credit_msgs,
+                c.cq_events
+            );
+        }
+    }
+    out
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Some(n) = args.threads {
+        rt.worker_threads(n.max(1));
+    }
+    rt.build()?.block_on(run(args))
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    // Cells in order.
+    let mut cells: Vec<(usize, usize)> = Vec::new();
+    for &(payload, infl) in CELLS {
+        if let Some(p) = &args.payloads {
+            if !p.contains(&payload) {
+                continue;
+            }
+        } else if args.quick && payload > 1 << 20 {
+            continue;
+        }
+        for &n in infl {
+            if args.inflight.as_ref().is_none_or(|f| f.contains(&n)) {
+                cells.push((payload, n));
+            }
+        }
+    }
+    // Sizes asked for that are not in the default grid: one in flight (or as asked).
+    if let Some(p) = &args.payloads {
+        for &payload in p {
+            if !CELLS.iter().any(|c| c.0 == payload) {
+                for &n in args.inflight.as_deref().unwrap_or(&[1]) {
+                    cells.push((payload, n));
+                }
+            }
+        }
+    }
+
+    let router = Server::builder().add_service(
+        EchoServer::new(EchoService::default())
+            .max_decoding_message_size(MAX_MSG)
+            .max_encoding_message_size(MAX_MSG),
+    );
+    let memory = args
+        .paths
+        .contains(&PathKind::Memory)
+        .then(|| router.clone().into_memory());
+    let net = args.paths.iter().any(|p| *p != PathKind::Memory);
+    let server = if net {
+        let s = router.start(args.addr).await?;
+        eprintln!(
+            "server: {} (HTTP/2 on TCP){}",
+            s.local_addr(),
+            match s.rdma_addr() {
+                Some(a) => format!(" and {a} (RDMA)"),
+                None => ", no RDMA listener".into(),
+            }
+        );
+        Some(s)
+    } else {
+        None
+    };
+
+    let mut infos = Vec::new();
+    let mut results = Vec::new();
+    for &path in &args.paths {
+        let addr = server.as_ref().map(|s| s.local_addr().to_string());
+        let client: Result<(Client, String), String> = match path {
+            PathKind::Rdma => {
+                let devs = rdma_transport::devices().map_err(|e| e.to_string());
+                match devs {
+                    Err(e) => Err(format!("listing RDMA devices failed: {e}")),
+                    Ok(d) if d.is_empty() => Err(
+                        "no RDMA device on this host (rdma_transport::devices() is empty)".into(),
+                    ),
+                    Ok(_) if server.as_ref().and_then(|s| s.rdma_addr()).is_none() => Err(format!(
+                        "the server has no RDMA listener on {} (address not on an RDMA device?)",
+                        args.addr
+                    )),
+                    Ok(_) => Channel::builder(addr.clone().unwrap())
+                        .transport(Transport::RdmaOnly)
+                        .connect()
+                        .await
+                        .map(|c| {
+                            let t = c.transport().to_string();
+                            (ours(c), t)
+                        })
+                        .map_err(|e| format!("RdmaOnly connect failed: {e}")),
+                }
+            }
+            PathKind::TcpFallback => Channel::builder(addr.clone().unwrap())
+                .transport(Transport::TcpOnly)
+                .connect()
+                .await
+                .map(|c| {
+                    let t = c.transport().to_string();
+                    (ours(c), t)
+                })
+                .map_err(|e| format!("TcpOnly connect failed: {e}")),
+            PathKind::TonicTcp => {
+                let ep =
+                    tonic::transport::Endpoint::from_shared(format!("http://{}", addr.unwrap()))?
+                        .tcp_nodelay(true);
+                match ep.connect().await {
+                    Ok(c) => Ok((
+                        Client::Tonic(
+                            EchoClient::new(c)
+                                .max_decoding_message_size(MAX_MSG)
+                                .max_encoding_message_size(MAX_MSG),
+                        ),
+                        "tonic::transport::Channel (HTTP/2, TCP_NODELAY)".into(),
+                    )),
+                    Err(e) => Err(format!("tonic connect failed: {e}")),
+                }
+            }
+            PathKind::Memory => match memory.as_ref().unwrap().channel().await {
+                Ok(c) => {
+                    let t = c.transport().to_string();
+                    Ok((ours(c), t))
+                }
+                Err(e) => Err(format!("in-memory channel failed: {e}")),
+            },
+        };
+        let (client, transport) = match client {
+            Ok(c) => c,
+            Err(why) => {
+                eprintln!("[{}] rows skipped: {why}", path.name());
+                infos.push(PathInfo {
+                    path,
+                    transport: None,
+                    skipped: Some(why),
+                });
+                continue;
+            }
+        };
+        eprintln!("[{}] transport: {transport}", path.name());
+        infos.push(PathInfo {
+            path,
+            transport: Some(transport),
+            skipped: None,
+        });
+        for &(payload, inflight) in &cells {
+            let r = run_cell(path, &client, payload, inflight, &args).await;
+            progress(&r);
+            results.push(r);
+        }
+    }
+
+    let table = render(&args, &infos, &cells, &results);
+    println!("{table}");
+    if let Some(f) = &args.markdown {
+        std::fs::write(f, &table)?;
+    }
+    if let Some(f) = &args.json {
+        let doc = serde_json::json!({
+            "args": format!("{:?}", std::env::args().collect::<Vec<_>>()),
+            "paths": infos,
+            "cells": results,
+        });
+        std::fs::write(f, serde_json::to_string_pretty(&doc)?)?;
+    }
+    if let Some(s) = server {
+        s.abort().await;
+    }
+    if let Some(m) = memory {
+        let _ = tokio::time::timeout(Duration::from_secs(2), m.shutdown()).await;
+    }
+    let failed = results.iter().filter(|r| r.error.is_some()).count();
+    if failed > 0 {
+        return Err(format!("{failed} cell(s) failed").into());
+    }
+    Ok(())
+}
