@@ -350,7 +350,10 @@ async fn msg_call(
             .acquire_owned()
             .await
             .map_err(|_| shared.closed_status())?;
-        let (stream, mut rx, window) = shared.open_stream()?;
+        let remaining = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+        let end = http_body::Body::is_end_stream(&body);
+        let (stream, mut rx, window) =
+            shared.open_stream(|id| crate::frame::encode_open(id, &path, remaining, &md, end))?;
         let mut guard = CallGuard {
             shared: shared.clone(),
             stream,
@@ -358,11 +361,6 @@ async fn msg_call(
             _permit: Some(permit),
             timer: None,
         };
-        let remaining = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-        let end = http_body::Body::is_end_stream(&body);
-        shared.send_ctrl(crate::frame::encode_open(
-            stream, &path, remaining, &md, end,
-        ));
         if let Some(d) = deadline {
             let s = shared.clone();
             let t = tokio::spawn(async move {

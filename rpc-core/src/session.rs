@@ -343,9 +343,12 @@ impl Shared {
         self.fail(Status::unavailable("channel closed"));
     }
 
-    /// Client: registers a new call and returns its id, inbound queue and send window.
+    /// Client: registers a new call and queues its OPEN frame (built by `open`
+    /// from the id) under the same lock, so OPENs leave in increasing id order
+    /// (§1.3). Returns the id, the inbound queue and the send window.
     pub(crate) fn open_stream(
         &self,
+        open: impl FnOnce(u32) -> Bytes,
     ) -> Result<(u32, mpsc::UnboundedReceiver<Inbound>, Arc<SendWindow>), Status> {
         let mut s = lock(&self.state);
         if let Some(st) = &s.closed {
@@ -371,6 +374,7 @@ impl Shared {
                 handler: None,
             },
         );
+        self.send_ctrl(open(id));
         Ok((id, rx, window))
     }
 

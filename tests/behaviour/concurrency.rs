@@ -25,6 +25,25 @@ async fn concurrency(fx: Fixture) {
     });
     futures::future::join_all(calls).await;
 
+    // The same from many tasks on several threads: call ids must still reach
+    // the server in increasing order (OPEN is queued with the id allocation).
+    let tasks: Vec<_> = (0..400u32)
+        .map(|i| {
+            let mut c = echo.clone();
+            tokio::spawn(async move {
+                c.unary_echo(EchoRequest {
+                    message: i.to_string(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|e| panic!("spawned call {i}: {e}"))
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+
     // A stream whose reader never reads: its window fills, others carry on.
     let mut c = echo.clone();
     let stalled = c
