@@ -107,12 +107,13 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
     mem.attach_qp(qp);
     // §4.1: every receive slot is posted before connect/accept, so the peer
     // may use all its initial credits as soon as the connection is up.
-    for slot in 0..cfg.recv_slots {
-        mem.execute(&crate::engine::Action::PostRecv {
+    let initial: Vec<_> = (0..cfg.recv_slots)
+        .map(|slot| crate::engine::Action::PostRecv {
             slot,
             wr_id: crate::engine::recv_wr_id(slot, 0),
-        })?;
-    }
+        })
+        .collect();
+    mem.execute(&initial)?;
     let hello = Hello {
         version: VERSION,
         flags: 0,
@@ -666,9 +667,8 @@ impl Driver {
     /// Lets the engine post what it can and delivers events.
     fn step(&mut self) -> Result<(), Error> {
         self.engine.progress(&mut self.mem);
-        for a in self.engine.take_actions() {
-            self.mem.execute(&a)?;
-        }
+        let actions = self.engine.take_actions();
+        self.mem.execute(&actions)?;
         while let Some(e) = self.engine.next_event() {
             let item = match e {
                 Event::Message(b) => Item::Msg(b),

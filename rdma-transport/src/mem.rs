@@ -13,7 +13,7 @@ use rdma_sys::*;
 
 use crate::engine::{Action, Buffers};
 use crate::error::Error;
-use crate::verbs::{verb_err, Pd, Qp};
+use crate::verbs::{verb_err, Pd, Qp, SendDesc};
 
 /// Process-wide registered bytes (checked against `Config::global_max_registered_bytes`).
 pub(crate) static REGISTERED_BYTES: AtomicUsize = AtomicUsize::new(0);
@@ -173,76 +173,75 @@ impl ConnMemory {
         self.qp = None;
     }
 
-    /// Posts one engine action (bounds-checked against the pools).
-    pub(crate) fn execute(&mut self, a: &Action) -> Result<(), Error> {
+    /// Posts engine actions (bounds-checked against the pools): all
+    /// receives first (one call), then all sends/writes in order (one call).
+    /// Receives first keeps the rule that a slot is posted before the credit
+    /// for it is returned (§4.2).
+    pub(crate) fn execute(&mut self, actions: &[Action]) -> Result<(), Error> {
         let qp = self.qp.as_ref().ok_or(Error::Disconnected)?;
-        match *a {
-            Action::PostRecv { slot, wr_id } => {
-                let slot = slot as usize;
-                assert!(slot < self.sz.recv_slots);
-                let addr = self.recv.addr() + (slot * self.sz.recv_slot_bytes) as u64;
-                // SAFETY: slot is inside the registered recv pool (checked);
-                // the pool outlives the QP (field order + destroy_qp); the
-                // engine does not touch this slot until its completion.
-                unsafe {
-                    qp.post_recv(
+        let mut recvs = Vec::new();
+        let mut sends = Vec::new();
+        for a in actions {
+            match *a {
+                Action::PostRecv { slot, wr_id } => {
+                    let slot = slot as usize;
+                    assert!(slot < self.sz.recv_slots);
+                    let addr = self.recv.addr() + (slot * self.sz.recv_slot_bytes) as u64;
+                    recvs.push((
                         wr_id,
                         addr,
                         self.sz.recv_slot_bytes as u32,
                         self.recv.lkey(),
-                    )
+                    ));
                 }
-            }
-            Action::PostSend {
-                slot,
-                len,
-                wr_id,
-                signaled,
-                inline,
-            } => {
-                let slot = slot as usize;
-                assert!(slot < self.sz.send_slots && len <= self.sz.send_slot_bytes);
-                let addr = self.send.addr() + (slot * self.sz.send_slot_bytes) as u64;
-                // SAFETY: range inside the registered send pool; the engine
-                // reuses the slot only after a covering completion.
-                unsafe {
-                    qp.post_send(
+                Action::PostSend {
+                    slot,
+                    len,
+                    wr_id,
+                    signaled,
+                    inline,
+                } => {
+                    let slot = slot as usize;
+                    assert!(slot < self.sz.send_slots && len <= self.sz.send_slot_bytes);
+                    sends.push(SendDesc {
                         wr_id,
-                        addr,
-                        len as u32,
-                        self.send.lkey(),
+                        addr: self.send.addr() + (slot * self.sz.send_slot_bytes) as u64,
+                        len: len as u32,
+                        lkey: self.send.lkey(),
                         signaled,
                         inline,
-                        None,
-                    )
+                        remote: None,
+                    });
                 }
-            }
-            Action::PostWrite {
-                staging,
-                len,
-                remote_addr,
-                rkey,
-                wr_id,
-                signaled,
-            } => {
-                let st = staging as usize;
-                assert!(st < self.sz.rdv_count && len <= self.sz.rdv_bytes);
-                let addr = self.staging.addr() + (st * self.sz.rdv_bytes) as u64;
-                // SAFETY: range inside the registered staging pool; reused
-                // only after a covering completion.
-                unsafe {
-                    qp.post_send(
+                Action::PostWrite {
+                    staging,
+                    len,
+                    remote_addr,
+                    rkey,
+                    wr_id,
+                    signaled,
+                } => {
+                    let st = staging as usize;
+                    assert!(st < self.sz.rdv_count && len <= self.sz.rdv_bytes);
+                    sends.push(SendDesc {
                         wr_id,
-                        addr,
-                        len as u32,
-                        self.staging.lkey(),
+                        addr: self.staging.addr() + (st * self.sz.rdv_bytes) as u64,
+                        len: len as u32,
+                        lkey: self.staging.lkey(),
                         signaled,
-                        false,
-                        Some((remote_addr, rkey)),
-                    )
+                        inline: false,
+                        remote: Some((remote_addr, rkey)),
+                    });
                 }
             }
         }
+        // SAFETY: every range was bounds-checked against its registered pool
+        // above; the pools outlive the QP (field order + destroy_qp); the
+        // engine does not touch a receive slot until its completion.
+        unsafe { qp.post_recvs(&recvs) }?;
+        // SAFETY: ranges inside the registered send/staging pools (checked);
+        // the engine reuses a slot only after a covering completion (§7).
+        unsafe { qp.post_sends(&sends) }
     }
 }
 

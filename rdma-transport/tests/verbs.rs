@@ -476,3 +476,23 @@ async fn peer_killed_mid_transfer() {
     .await
     .expect("timeout: peer death not detected");
 }
+
+/// Compile-time check: every future and both halves are `Send + 'static`.
+#[allow(dead_code)]
+fn futures_are_send_static() {
+    fn check<T: Send + 'static>(_: &T) {}
+    let cfg = Config::default();
+    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let f = async move {
+        let c = connect(addr, &Config::default()).await.unwrap();
+        let (mut tx, mut rx) = c.split();
+        tx.send(Bytes::new()).await.unwrap();
+        tx.close().await;
+        let _ = rx.recv().await;
+        let mut l = Listener::bind(addr, cfg).await.unwrap();
+        let c = l.accept().await.unwrap();
+        let (tx, rx) = c.split();
+        (tx, rx, l)
+    };
+    check(&f);
+}

@@ -286,6 +286,41 @@ impl Rng {
     }
 }
 
+/// §4.2 invariant, checked at every step: the credits held by `from`, plus
+/// SENDs in flight, plus receive completions not yet processed by `to`, plus
+/// credits `to` owes or is returning, equal `to`'s ring size. Also `to` has
+/// a receive posted for every credit `from` holds.
+fn check_credit_invariant(from: &Side, to: &Side, ring: u32) {
+    let in_wire = from
+        .wire
+        .iter()
+        .filter(|o| matches!(o, Op::Send { .. }))
+        .count() as u32;
+    let in_cq = to.cq.iter().filter(|c| c.wr_id >> 56 == WR_RECV).count() as u32;
+    // Credits already returned by `to` but not yet applied by `from`.
+    let mut returning = 0u32;
+    for o in &to.wire {
+        if let Op::Send { slot, .. } = o {
+            let b = &to.mem.send[*slot as usize * to.mem.slot..];
+            returning += Header::decode(b).unwrap().credit_return as u32;
+        }
+    }
+    for c in from.cq.iter().filter(|c| c.wr_id >> 56 == WR_RECV) {
+        let slot = (c.wr_id & 0xffff_ffff) as usize;
+        let b = &from.mem.recv[slot * from.mem.slot..];
+        returning += Header::decode(b).unwrap().credit_return as u32;
+    }
+    assert_eq!(
+        from.e.credits() + in_wire + in_cq + to.e.owed_total + returning,
+        ring,
+        "credit conservation"
+    );
+    assert!(
+        to.posted.len() as u32 >= from.e.credits() + in_wire,
+        "credit without posted receive"
+    );
+}
+
 /// Runs two engines back to back. `a_msgs`/`b_msgs` are message lengths.
 fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Side, Side) {
     let mut a = Side::new(&pa, &pb);
@@ -331,6 +366,8 @@ fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Sid
             2 => a.process(rng.next() as usize % 8 + 1),
             _ => b.process(rng.next() as usize % 8 + 1),
         }
+        check_credit_invariant(&a, &b, pb.slots);
+        check_credit_invariant(&b, &a, pa.slots);
         let done = a.closed
             && b.closed
             && a.wire.is_empty()

@@ -283,6 +283,18 @@ impl Drop for Cq {
     }
 }
 
+/// One SEND (`remote == None`) or RDMA WRITE to `(addr, rkey)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendDesc {
+    pub wr_id: u64,
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+    pub signaled: bool,
+    pub inline: bool,
+    pub remote: Option<(u64, u32)>,
+}
+
 /// RC queue pair created through rdma_cm on a cm_id (rdma_cm drives the
 /// INIT/RTR/RTS transitions during connect/accept).
 pub(crate) struct Qp {
@@ -358,34 +370,44 @@ impl Qp {
         Ok(())
     }
 
-    /// Posts a receive of `[addr, addr+len)`.
+    /// Posts receives, one `ibv_post_recv` call for the whole list.
+    /// Each entry is `(wr_id, addr, len, lkey)`.
     ///
     /// # Safety
-    /// The range must lie in memory registered with `lkey` on this QP's PD
-    /// that stays allocated and is not read or written by the CPU until the
-    /// receive completes (or the QP is destroyed).
-    pub(crate) unsafe fn post_recv(
-        &self,
-        wr_id: u64,
-        addr: u64,
-        len: u32,
-        lkey: u32,
-    ) -> Result<(), Error> {
-        let mut sge = ibv_sge {
-            addr,
-            length: len,
-            lkey,
-        };
-        let mut wr = ibv_recv_wr {
-            wr_id,
-            next: std::ptr::null_mut(),
-            sg_list: &mut sge,
-            num_sge: 1,
-        };
+    /// Every range must lie in memory registered with its `lkey` on this
+    /// QP's PD that stays allocated and is neither read nor written by the
+    /// CPU until the receive completes (or the QP is destroyed).
+    pub(crate) unsafe fn post_recvs(&self, list: &[(u64, u64, u32, u32)]) -> Result<(), Error> {
+        if list.is_empty() {
+            return Ok(());
+        }
+        let mut sges: Vec<ibv_sge> = list
+            .iter()
+            .map(|&(_, addr, length, lkey)| ibv_sge { addr, length, lkey })
+            .collect();
+        let mut wrs: Vec<ibv_recv_wr> = list
+            .iter()
+            .map(|&(wr_id, ..)| ibv_recv_wr {
+                wr_id,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: 1,
+            })
+            .collect();
+        let n = wrs.len();
+        let base = wrs.as_mut_ptr();
+        for (i, sge) in sges.iter_mut().enumerate() {
+            wrs[i].sg_list = sge;
+            if i + 1 < n {
+                // SAFETY: i + 1 < n, so the pointer stays inside `wrs`, which
+                // is not reallocated while the list is in use.
+                wrs[i].next = unsafe { base.add(i + 1) };
+            }
+        }
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: wr/sge live across the call; buffer validity is the
-        // caller's contract (see # Safety).
-        let r = unsafe { ibv_post_recv(self.qp, &mut wr, &mut bad) };
+        // SAFETY: the linked list and its SGEs live across the call (the
+        // provider copies them); buffer validity is the caller's contract.
+        let r = unsafe { ibv_post_recv(self.qp, base, &mut bad) };
         if r != 0 {
             return Err(Error::Verb {
                 verb: "ibv_post_recv",
@@ -395,62 +417,63 @@ impl Qp {
         Ok(())
     }
 
-    /// Posts a SEND (`remote == None`) or an RDMA WRITE to `(addr, rkey)`.
+    /// Posts SENDs and RDMA WRITEs in order, one `ibv_post_send` call.
     ///
     /// # Safety
-    /// `[addr, addr+len)` must lie in memory registered with `lkey` that
-    /// stays allocated and is not written by the CPU until a completion
-    /// covering this work request is polled (unless `inline`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn post_send(
-        &self,
-        wr_id: u64,
-        addr: u64,
-        len: u32,
-        lkey: u32,
-        signaled: bool,
-        inline: bool,
-        remote: Option<(u64, u32)>,
-    ) -> Result<(), Error> {
-        let mut sge = ibv_sge {
-            addr,
-            length: len,
-            lkey,
-        };
-        let mut flags = 0;
-        if signaled {
-            flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+    /// Every `[addr, addr+len)` must lie in memory registered with its
+    /// `lkey` that stays allocated and is not written by the CPU until a
+    /// completion covering that work request is polled.
+    pub(crate) unsafe fn post_sends(&self, list: &[SendDesc]) -> Result<(), Error> {
+        if list.is_empty() {
+            return Ok(());
         }
-        if inline {
-            flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+        let mut sges: Vec<ibv_sge> = list
+            .iter()
+            .map(|d| ibv_sge {
+                addr: d.addr,
+                length: d.len,
+                lkey: d.lkey,
+            })
+            .collect();
+        let mut wrs: Vec<ibv_send_wr> = Vec::with_capacity(list.len());
+        for d in list {
+            let mut flags = 0;
+            if d.signaled {
+                flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
+            if d.inline {
+                flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+            }
+            // SAFETY: ibv_send_wr is plain C data (unions of PODs); zero is valid.
+            let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+            wr.wr_id = d.wr_id;
+            wr.num_sge = if d.len == 0 { 0 } else { 1 };
+            wr.send_flags = flags;
+            match d.remote {
+                None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
+                Some((remote_addr, rkey)) => {
+                    wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                    wr.wr.rdma = rdma_t { remote_addr, rkey };
+                }
+            }
+            wrs.push(wr);
         }
-        // SAFETY: ibv_send_wr is plain C data (unions of PODs); zero is valid.
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = if len == 0 { 0 } else { 1 };
-        wr.send_flags = flags;
-        match remote {
-            None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
-            Some((raddr, rkey)) => {
-                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-                wr.wr.rdma = rdma_t {
-                    remote_addr: raddr,
-                    rkey,
-                };
+        let n = wrs.len();
+        let base = wrs.as_mut_ptr();
+        for (i, sge) in sges.iter_mut().enumerate() {
+            wrs[i].sg_list = sge;
+            if i + 1 < n {
+                // SAFETY: i + 1 < n: stays inside `wrs` (not reallocated).
+                wrs[i].next = unsafe { base.add(i + 1) };
             }
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: wr/sge live across the call; buffer validity is the
+        // SAFETY: list and SGEs live across the call; buffer validity is the
         // caller's contract (see # Safety).
-        let r = unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) };
+        let r = unsafe { ibv_post_send(self.qp, base, &mut bad) };
         if r != 0 {
             return Err(Error::Verb {
-                verb: if remote.is_some() {
-                    "ibv_post_send(RDMA_WRITE)"
-                } else {
-                    "ibv_post_send(SEND)"
-                },
+                verb: "ibv_post_send",
                 errno: Errno(r),
             });
         }
