@@ -5,9 +5,9 @@
 //! In a crate's `build.rs`:
 //!
 //! ```no_run
-//! fn main() {
-//!     rpc_codegen::compile_protos(&["proto/helloworld.proto"], &["proto"]).unwrap();
-//! }
+//! // build.rs: fn main() {
+//! rpc_codegen::compile_protos(&["proto/helloworld.proto"], &["proto"]).unwrap();
+//! // }
 //! ```
 //!
 //! then in the crate: `pub mod helloworld { tonic::include_proto!("helloworld"); }`.

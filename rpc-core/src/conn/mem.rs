@@ -1,4 +1,4 @@
-//! In-memory [`Connection`](super::Connection): two bounded queues.
+//! In-memory [`Connection`]: two bounded queues.
 
 use super::{Connection, FrameReceiver, FrameSender};
 use bytes::Bytes;
