@@ -132,6 +132,28 @@ async fn no_device_or_no_listener_is_clean_error() {
     println!("no listener: {e} ({:?}) after {:?}", e, t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(5));
     assert!(e.is_unavailable_for_fallback(), "{e:?}");
+    // A non-existent host on the RDMA subnet: address resolution (ARP)
+    // never completes, so the resolve timeout must fire.
+    if let IpAddr::V4(v4) = ip {
+        let o = v4.octets();
+        let ghost = IpAddr::from([o[0], o[1], o[2], o[3].wrapping_add(100)]);
+        let cfg = Config {
+            resolve_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(2),
+            ..Config::default()
+        };
+        let t = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            connect(SocketAddr::new(ghost, 7471), &cfg),
+        )
+        .await
+        .expect("must not hang");
+        let e = r.err().expect("ghost host must fail");
+        println!("ghost host {ghost}: {e} ({e:?}) after {:?}", t.elapsed());
+        assert!(e.is_unavailable_for_fallback(), "{e:?}");
+        assert!(t.elapsed() < Duration::from_secs(6));
+    }
     // An address that is not RDMA-reachable.
     let t = Instant::now();
     let r = tokio::time::timeout(
