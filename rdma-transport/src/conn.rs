@@ -243,7 +243,8 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
             });
         }
         k => {
-            let _ = k;
+            // UNREACHABLE, CONNECT_ERROR (or anything unexpected).
+            tracing::debug!("connect to {addr}: {} status {}", event_name(k), e.status);
             return Err(Error::Unreachable {
                 addr,
                 status: e.status,
