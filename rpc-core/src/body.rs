@@ -51,6 +51,20 @@ impl RecvBody {
     }
 }
 
+impl Drop for RecvBody {
+    fn drop(&mut self) {
+        // Data that was never consumed leaves the connection's buffers now:
+        // return its connection-level credit (§1.4).
+        let mut n = 0;
+        while let Ok(m) = self.rx.try_recv() {
+            if let Inbound::Data(b) = m {
+                n += b.len();
+            }
+        }
+        self.shared.conn_consumed(n);
+    }
+}
+
 impl http_body::Body for RecvBody {
     type Data = Bytes;
     type Error = Status;

@@ -264,6 +264,11 @@ impl tower::Service<http::Request<Body>> for Channel {
                     match fut.await {
                         // The deadline covers the whole call, the response stream included.
                         Ok(r) => Ok(match timeout {
+                            // tonic's HTTP/2 server answers an expired grpc-timeout with
+                            // CANCELLED "Timeout expired"; report it as gRPC specifies.
+                            Some(t) if is_tonic_timeout_response(&r) => {
+                                trailers_only(deadline_status(t))
+                            }
                             Some(t) => r.map(|b| Body::new(DeadlineBody::new(b, t))),
                             None => r,
                         }),
@@ -273,7 +278,13 @@ impl tower::Service<http::Request<Body>> for Channel {
                         Err(e) if is_timeout(&e) => {
                             Ok(trailers_only(deadline_status(timeout.unwrap_or_default())))
                         }
-                        Err(e) => Err(e.into()),
+                        // A connection that fails or closes under a call is
+                        // UNAVAILABLE in gRPC's terms, as on the message transports
+                        // (tonic alone reports some of these as CANCELLED or UNKNOWN).
+                        Err(e) => Ok(trailers_only(Status::unavailable(format!(
+                            "tcp connection failed: {}",
+                            error_chain(&e)
+                        )))),
                     }
                 })
             }
@@ -288,6 +299,13 @@ impl tower::Service<http::Request<Body>> for Channel {
             }
         }
     }
+}
+
+fn is_tonic_timeout_response(r: &http::Response<Body>) -> bool {
+    let h = r.headers();
+    h.get("grpc-status").is_some_and(|v| v == "1")
+        && h.get("grpc-message")
+            .is_some_and(|v| v == "Timeout expired" || v == "Timeout%20expired")
 }
 
 fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {

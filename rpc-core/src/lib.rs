@@ -136,6 +136,9 @@ pub struct SessionConfig {
     pub max_concurrent_calls: u32,
     /// DATA bytes per call the peer may send before credit returns (default 4 MiB).
     pub initial_window: u32,
+    /// DATA bytes the peer may send on the whole connection before credit
+    /// returns (default 32 MiB): bounds what a connection can make this side buffer.
+    pub connection_window: u32,
     /// Largest metadata block (names + values) accepted in one frame (default 16 KiB).
     pub max_metadata_bytes: u32,
     /// Largest DATA payload per frame sent (default 1 MiB).
@@ -149,6 +152,7 @@ impl Default for SessionConfig {
         SessionConfig {
             max_concurrent_calls: 2048,
             initial_window: 4 << 20,
+            connection_window: 32 << 20,
             max_metadata_bytes: 16 << 10,
             max_data_frame: 1 << 20,
             handshake_timeout: Duration::from_secs(5),

@@ -68,6 +68,10 @@ struct State {
     goaway: bool,
     /// GOAWAY sent (server draining).
     draining: bool,
+    /// Connection-level DATA bytes the peer may still send (§1.4).
+    conn_recv_window: i64,
+    /// Connection-level DATA bytes consumed since the last WINDOW_UPDATE(0).
+    conn_consumed: u32,
     closed: Option<Status>,
 }
 
@@ -80,6 +84,8 @@ pub(crate) struct Shared {
     pub(crate) max_data: usize,
     out: mpsc::UnboundedSender<(Bytes, u32)>,
     out_budget: Arc<Semaphore>,
+    /// Connection-level send window granted by the peer (§1.4).
+    conn_window: SendWindow,
     /// Client: one permit per call the peer accepts at once.
     pub(crate) call_permits: Arc<Semaphore>,
     state: Mutex<State>,
@@ -122,6 +128,7 @@ async fn handshake<S: FrameSender, R: FrameReceiver>(
         max_concurrent_calls: config.max_concurrent_calls,
         initial_window: config.initial_window,
         max_metadata_bytes: config.max_metadata_bytes,
+        connection_window: config.connection_window,
     };
     let work = async {
         tx.send(frame::encode_hello(&ours))
@@ -182,6 +189,7 @@ pub(crate) async fn start<C: Connection>(
         .max(1);
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     let permits = peer.max_concurrent_calls.clamp(1, 1 << 20) as usize;
+    let conn_recv_window = i64::from(config.connection_window);
     let shared = Arc::new(Shared {
         info,
         config,
@@ -189,9 +197,11 @@ pub(crate) async fn start<C: Connection>(
         max_data,
         out: out_tx,
         out_budget: Arc::new(Semaphore::new(OUT_QUEUE_BYTES)),
+        conn_window: SendWindow::new(peer.connection_window),
         call_permits: Arc::new(Semaphore::new(permits)),
         state: Mutex::new(State {
             next_stream: 1,
+            conn_recv_window,
             ..State::default()
         }),
         changed: Notify::new(),
@@ -260,12 +270,17 @@ async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Opti
             }
             Err(FrameError::MetadataTooLarge { got, limit }) => {
                 // Only this call is at fault; the frame boundary is intact (§1.5).
-                tracing::debug!("metadata of {got} bytes over {limit}");
-                // The stream id sits at bytes 2..6 of the frame, which decode() consumed;
-                // we cannot recover it here, so close the connection as a protocol error.
-                break Status::resource_exhausted(format!(
-                    "peer sent metadata of {got} bytes, over the limit of {limit} bytes"
+                // A peer that ignores the limit it was told in HELLO (§1.5) is
+                // misbehaving: close the connection, saying why.
+                let msg =
+                    format!("peer sent metadata of {got} bytes, over the limit of {limit} bytes");
+                tracing::warn!(peer = ?shared.info.peer, "closing connection: {msg}");
+                shared.send_ctrl(frame::encode_goaway(
+                    0,
+                    Code::ResourceExhausted as u32,
+                    &msg,
                 ));
+                break Status::resource_exhausted(msg);
             }
             Err(e) => {
                 tracing::warn!(peer = ?shared.info.peer, "closing connection: malformed frame: {e}");
@@ -333,6 +348,7 @@ impl Shared {
         }
         self.call_permits.close();
         self.out_budget.close();
+        self.conn_window.close(status.clone());
         self.shut.store(true, Ordering::Release);
         self.shutdown.notify_waiters();
         self.changed.notify_waiters();
@@ -429,7 +445,14 @@ impl Shared {
             return Ok(());
         }
         while !data.is_empty() {
+            // Stream credit first (only this call can use it), then connection credit;
+            // stream credit not covered by the connection's goes back (§1.4).
             let n = window.reserve(data.len().min(self.max_data)).await?;
+            let k = self.conn_window.reserve(n).await?;
+            if k < n {
+                let _ = window.grant((n - k) as u32);
+            }
+            let n = k;
             let chunk = data.split_to(n);
             let last = end_stream && data.is_empty();
             self.send_data(frame::encode_data(id, &chunk, last), n)
@@ -440,6 +463,7 @@ impl Shared {
 
     /// A call consumed `n` DATA bytes: return credit when half the window is used (§1.4).
     pub(crate) fn consumed(&self, id: u32, pending: &mut u32, n: usize) {
+        self.conn_consumed(n);
         *pending = pending.saturating_add(n as u32);
         if *pending >= self.config.initial_window / 2 {
             let inc = *pending;
@@ -450,6 +474,22 @@ impl Shared {
                 drop(s);
                 self.send_ctrl(frame::encode_window_update(id, inc));
             }
+        }
+    }
+
+    /// Returns connection-level credit for `n` DATA bytes that left the
+    /// connection's buffers (consumed, or dropped with their call).
+    pub(crate) fn conn_consumed(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut s = lock(&self.state);
+        s.conn_consumed = s.conn_consumed.saturating_add(n as u32);
+        if s.conn_consumed >= self.config.connection_window / 2 {
+            let inc = std::mem::take(&mut s.conn_consumed);
+            s.conn_recv_window += i64::from(inc);
+            drop(s);
+            self.send_ctrl(frame::encode_window_update(0, inc));
         }
     }
 
@@ -564,6 +604,13 @@ impl Shared {
                 end_stream,
             } => {
                 let mut s = lock(&self.state);
+                s.conn_recv_window -= data.len() as i64;
+                if s.conn_recv_window < 0 {
+                    return Err(format!(
+                        "DATA exceeds the connection's flow-control window by {} bytes",
+                        -s.conn_recv_window
+                    ));
+                }
                 if let Some(e) = s.streams.get_mut(&stream) {
                     e.recv_window -= data.len() as i64;
                     if e.recv_window < 0 {
@@ -578,8 +625,11 @@ impl Shared {
                     if end_stream {
                         let _ = e.inbound.send(Inbound::End);
                     }
+                } else {
+                    // DATA for a finished call is dropped (§1.3); its credit returns.
+                    drop(s);
+                    self.conn_consumed(data.len());
                 }
-                // DATA for a finished call is dropped (§1.3).
             }
             Frame::Reset {
                 stream,
@@ -602,6 +652,12 @@ impl Shared {
                         h.abort();
                     }
                 }
+            }
+            Frame::WindowUpdate {
+                stream: 0,
+                increment,
+            } => {
+                self.conn_window.grant(increment)?;
             }
             Frame::WindowUpdate { stream, increment } => {
                 let s = lock(&self.state);

@@ -6,6 +6,7 @@ mod cancel;
 mod client_streaming;
 mod concurrency;
 mod deadline;
+mod hostile_peer;
 mod interceptors;
 mod large_messages;
 mod metadata;
