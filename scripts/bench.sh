@@ -17,6 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 BIN=$ROOT/target/release/bench
+CG_CALLS=${CG_CALLS:-2000}      # callgrind: N and 2N small calls on the host
+CG_VM_CALLS=${CG_VM_CALLS:-200} # ... and in the VM (rdma path; valgrind under TCG is slow)
 
 # ---------------------------------------------------------------- inside the VM
 if [ "${1:-}" = "--in-vm" ]; then
@@ -51,6 +53,15 @@ if [ "${1:-}" = "--in-vm" ]; then
     --duration-ms 1000 --max-cell-mib 48 ${BENCH_VM_ARGS:-} \
     --json "$OUT/vm-bench.json" --markdown "$OUT/vm-bench.md" \
     >"$OUT/vm-bench.stdout" 2> >(tee "$OUT/vm-bench.stderr" >&2)
+  # Instructions per small call on the rdma path (user space: our code, tokio,
+  # tonic, libibverbs + the rxe provider), N and 2N calls as on the host.
+  for n in "$CG_VM_CALLS" $((2 * CG_VM_CALLS)); do
+    echo "--- callgrind rdma $n calls" >&2
+    timeout 400 valgrind --tool=callgrind --callgrind-out-file="$OUT/cg.rdma.$n.out" \
+      "$BIN" --addr "$SOFTROCE_IP:0" --paths rdma --payloads 64 --inflight 1 --iters "$n" \
+      --warmup 50 --threads 2 >"$OUT/cg.rdma.$n.stdout" 2>"$OUT/cg.rdma.$n.stderr" ||
+      echo "callgrind rdma $n failed: see $OUT/cg.rdma.$n.stderr" >&2
+  done
   exit 0
 fi
 
@@ -59,13 +70,12 @@ case $MODE in all | vm | host) ;; *) echo "usage: $0 [all|vm|host]" >&2; exit 2 
 OUT=${BENCH_OUT:-$ROOT/target/bench}
 mkdir -p "$OUT"
 SOFTROCE=${SOFTROCE_SCRIPT:-$ROOT/../shared/softroce/run-in-softroce-vm.sh}
-CG_CALLS=${CG_CALLS:-2000}
 
 cargo build --release -p rpc-examples --bin bench
 
 if [ "$MODE" != host ]; then
   [ -x "$SOFTROCE" ] || { echo "missing $SOFTROCE (set SOFTROCE_SCRIPT)" >&2; exit 1; }
-  rm -f "$OUT"/vm-* "$OUT"/send_lat_* "$OUT"/write_bw_*
+  rm -f "$OUT"/vm-* "$OUT"/send_lat_* "$OUT"/write_bw_* "$OUT"/cg.rdma.*
   t0=$SECONDS
   # One boot: perftest and the bench binary. CWD (the repo) is shared read-write.
   SOFTROCE_VM_TIMEOUT=${SOFTROCE_VM_TIMEOUT:-900} "$SOFTROCE" "$ROOT/scripts/bench.sh" --in-vm "$OUT"
@@ -73,7 +83,7 @@ if [ "$MODE" != host ]; then
 fi
 
 if [ "$MODE" != vm ]; then
-  rm -f "$OUT"/host-* "$OUT"/cg.*
+  rm -f "$OUT"/host-* "$OUT"/cg.memory.* "$OUT"/cg.tonic-tcp.*
   {
     echo "host: $(uname -srm), $(nproc) cores"
     grep -m1 'model name' /proc/cpuinfo || true
@@ -90,17 +100,20 @@ if [ "$MODE" != vm ]; then
       valgrind --tool=callgrind --callgrind-out-file="$OUT/cg.$path.$n.out" \
         "$BIN" --paths "$path" --payloads 64 --inflight 1 --iters "$n" --warmup 200 --threads 2 \
         >"$OUT/cg.$path.$n.stdout" 2>"$OUT/cg.$path.$n.stderr"
-      callgrind_annotate --inclusive=no --threshold=99 "$OUT/cg.$path.$n.out" >"$OUT/cg.$path.$n.self.txt"
-      callgrind_annotate --inclusive=yes --threshold=99 "$OUT/cg.$path.$n.out" >"$OUT/cg.$path.$n.incl.txt"
     done
   done
 fi
+for f in "$OUT"/cg.*.out; do
+  [ -s "$f" ] || continue
+  callgrind_annotate --inclusive=no --threshold=99 "$f" >"${f%.out}.self.txt"
+  callgrind_annotate --inclusive=yes --threshold=99 "$f" >"${f%.out}.incl.txt"
+done
 
 # ---------------------------------------------------------------- docs/benchmarks.md
-python3 - "$OUT" "$MODE" "$CG_CALLS" <<'PY'
+python3 - "$OUT" "$MODE" "$CG_CALLS" "$CG_VM_CALLS" <<'PY'
 import json, os, re, sys, collections
 
-out, mode, cg_calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out, mode, cg_calls, cg_vm_calls = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 doc = "docs/benchmarks.md"
 
 def read(name, default=""):
@@ -201,7 +214,7 @@ def cg_summary(path):
 def cg_calls_by_callee(path):
     """Sum of call counts per callee name in a callgrind output file."""
     names, calls = {}, collections.Counter()
-    cfn, expect_calls = None, False
+    cfn = None
     p = os.path.join(out, path)
     if not os.path.exists(p):
         return calls
@@ -222,7 +235,7 @@ def cg_calls_by_callee(path):
     return calls
 
 def cg_fn_costs(path):
-    """function -> Ir from callgrind_annotate output."""
+    """function -> self Ir from callgrind_annotate output."""
     costs = {}
     for line in read(path).splitlines():
         m = re.match(r"\s*([\d,]+)(?: \([ \d.]+%\))?\s+(\S.*?)(?: \[[^\]]*\])?$", line)
@@ -230,6 +243,83 @@ def cg_fn_costs(path):
             fn = m.group(2).split(":", 1)[1]
             costs[fn] = costs.get(fn, 0) + int(m.group(1).replace(",", ""))
     return costs
+
+CATS = [
+    ("allocator (malloc/free/realloc)", r"^(_int_|malloc|free|realloc|cfree|unlink_chunk|malloc_consolidate|tcache|__libc_|_int_memalign|arena|__rustc::__r)"),
+    ("memcpy/memset/memcmp", r"^__(mem|str)"),
+    ("rpc_core", r"rpc_core"),
+    ("rdma_transport", r"rdma_transport"),
+    ("libibverbs + rxe provider", r"rxe|ibv_|verbs"),
+    ("h2", r"\bh2::"),
+    ("hyper", r"hyper"),
+    ("tonic", r"tonic"),
+    ("http / http_body", r"\bhttp(_body)?(_util)?::"),
+    ("tokio", r"tokio"),
+    ("prost", r"prost"),
+    ("bytes", r"\bbytes::"),
+    ("hashing", r"hashbrown|core::hash|std::hash|sip"),
+    ("bench + hdrhistogram", r"bench::|hdrhistogram"),
+]
+
+runs = [("memory", "host", cg_calls), ("tonic-tcp", "host", cg_calls), ("rdma", "Soft-RoCE VM", cg_vm_calls)]
+have = [(p, where, n) for p, where, n in runs
+        if cg_summary(f"cg.{p}.{n}.out") is not None and cg_summary(f"cg.{p}.{2*n}.out") is not None]
+if have:
+    s = []
+    s.append("### Instructions per small call (callgrind)\n")
+    s.append("`valgrind --tool=callgrind target/release/bench --paths P --payloads 64 --inflight 1 --iters N "
+             "--warmup 200 --threads 2` (rdma: in the VM, `--addr $SOFTROCE_IP:0 --warmup 50`), once with N "
+             "and once with 2N calls; per call = (Ir(2N) − Ir(N)) / N, so start-up, connection set-up and "
+             "warm-up cancel. 64-byte request, 1-byte reply; client + server; user-space instructions only "
+             "(callgrind does not see the kernel: tonic-tcp's socket calls and rxe's kernel work are not in "
+             "the count). Counts of calls (malloc, memcpy...) are per RPC the same way.\n")
+    s.append("| path | where | N | Ir (N) | Ir (2N) | **Ir per call** | malloc/call | free/call | memcpy+memmove/call | tasks spawned/call |")
+    s.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    per_fn, per_cat = {}, {}
+    for path, where, n in have:
+        fa_, fb_ = f"cg.{path}.{n}", f"cg.{path}.{2*n}"
+        a, b = cg_summary(fa_ + ".out"), cg_summary(fb_ + ".out")
+        ca, cb = cg_calls_by_callee(fa_ + ".out"), cg_calls_by_callee(fb_ + ".out")
+        def pc(pred):
+            return (sum(v for k, v in cb.items() if pred(k)) - sum(v for k, v in ca.items() if pred(k))) / n
+        base = lambda k: k.split("'")[0]
+        mal = pc(lambda k: base(k) == "malloc")
+        fre = pc(lambda k: base(k) in ("free", "cfree"))
+        cpy = pc(lambda k: re.match(r"__mem(cpy|move)", base(k)) is not None)
+        spw = pc(lambda k: re.search(r"tokio::runtime::task::core::Cell<.*>::new$", base(k)) is not None)
+        s.append(f"| {path} | {where} | {n} | {a:,} | {b:,} | **{(b-a)/n:,.0f}** | {mal:.1f} | {fre:.1f} | {cpy:.1f} | {spw:.1f} |")
+        fa, fb = cg_fn_costs(fa_ + ".self.txt"), cg_fn_costs(fb_ + ".self.txt")
+        diffs = {k: (fb.get(k, 0) - fa.get(k, 0)) / n for k in set(fa) | set(fb)}
+        per_fn[path] = sorted(((v, k) for k, v in diffs.items()), reverse=True)
+        cat = collections.Counter()
+        for k, v in diffs.items():
+            for name, rx in CATS:
+                if re.search(rx, k):
+                    cat[name] += v
+                    break
+            else:
+                cat["other"] += v
+        per_cat[path] = cat
+    names = [c for c, _ in CATS] + ["other"]
+    s.append("\nSelf instructions per call by component (share of the path's total):\n")
+    s.append("| component | " + " | ".join(p for p, _, _ in have) + " |")
+    s.append("|---|" + "---:|" * len(have))
+    for c in names:
+        if all(abs(per_cat[p].get(c, 0)) < 50 for p, _, _ in have):
+            continue
+        cells = []
+        for p, _, _ in have:
+            v, t = per_cat[p].get(c, 0), sum(per_cat[p].values()) or 1
+            cells.append(f"{v:,.0f} ({100*v/t:.0f} %)")
+        s.append(f"| {c} | " + " | ".join(cells) + " |")
+    for path, rows in per_fn.items():
+        s.append(f"\n<details><summary>Top 25 functions by self instructions per call, {path}</summary>\n")
+        s.append("| Ir/call | function |\n|---:|---|")
+        for v, k in rows[:25]:
+            k = k if len(k) < 140 else k[:137] + "..."
+            s.append(f"| {v:,.0f} | `{k}` |")
+        s.append("\n</details>")
+    text = replace_section(text, "callgrind", "\n".join(s))
 
 if mode in ("all", "host") and os.path.exists(os.path.join(out, "host-bench.json")):
     s = []
@@ -239,42 +329,9 @@ if mode in ("all", "host") and os.path.exists(os.path.join(out, "host-bench.json
              "(rpc-core session, frames, per-call tasks) over an in-memory connection: the framework's own "
              "cost without any transport.\n")
     s.append("```text\n" + read("host-machine.txt") + "```\n")
-    s.append("Machine shared with other builds (2 cores): latencies are noisy; compare paths within one run.\n")
+    s.append("The machine is shared with other builds (2 cores): latencies are noisy, compare paths within one run.\n")
     s.append(read("host-bench.md"))
-    n1, n2 = cg_calls, 2 * cg_calls
-    s.append(f"\n#### Instructions per call (callgrind)\n")
-    s.append(f"`valgrind --tool=callgrind target/release/bench --paths P --payloads 64 --inflight 1 "
-             f"--iters N --warmup 200 --threads 2` for N = {n1} and {n2}; per call = (Ir(2N) − Ir(N)) / N, "
-             f"so start-up cancels. User-space instructions only (callgrind does not see the kernel: "
-             f"tonic-tcp's socket work is not in its count, getrusage CPU above includes it).\n")
-    s.append("| path | Ir (N) | Ir (2N) | Ir per call | malloc per call | free per call | realloc per call | memcpy/memmove per call | syscalls wrappers per call |")
-    s.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    per_fn = {}
-    for path in ("memory", "tonic-tcp"):
-        a, b = cg_summary(f"cg.{path}.{n1}.out"), cg_summary(f"cg.{path}.{n2}.out")
-        if a is None or b is None:
-            s.append(f"| {path} | – | – | – | | | | | |")
-            continue
-        ca, cb = cg_calls_by_callee(f"cg.{path}.{n1}.out"), cg_calls_by_callee(f"cg.{path}.{n2}.out")
-        def pc(pred):
-            return sum(v for k, v in cb.items() if pred(k)) - sum(v for k, v in ca.items() if pred(k))
-        base = lambda k: k.split("'")[0]
-        mal = pc(lambda k: base(k) in ("malloc",)) / n1
-        fre = pc(lambda k: base(k) in ("free", "cfree")) / n1
-        rea = pc(lambda k: base(k) in ("realloc",)) / n1
-        cpy = pc(lambda k: re.match(r"(__)?mem(cpy|move)", base(k)) is not None) / n1
-        sysc = pc(lambda k: base(k) in ("syscall", "epoll_wait", "write", "writev", "read", "recvfrom", "sendto", "sendmsg", "recvmsg", "futex")) / n1
-        s.append(f"| {path} | {a:,} | {b:,} | **{(b-a)/n1:,.0f}** | {mal:.1f} | {fre:.1f} | {rea:.1f} | {cpy:.1f} | {sysc:.1f} |")
-        fa, fb = cg_fn_costs(f"cg.{path}.{n1}.self.txt"), cg_fn_costs(f"cg.{path}.{n2}.self.txt")
-        per_fn[path] = sorted(((fb.get(k, 0) - fa.get(k, 0)) / n1, k) for k in set(fa) | set(fb))[::-1]
-    for path, rows in per_fn.items():
-        s.append(f"\nTop functions by self instructions per call, {path} (Ir(2N) − Ir(N)) / N:\n")
-        s.append("| Ir/call | function |\n|---:|---|")
-        for v, k in rows[:25]:
-            k = k if len(k) < 140 else k[:137] + "..."
-            s.append(f"| {v:,.0f} | `{k}` |")
     text = replace_section(text, "host", "\n".join(s))
-
 open(doc, "w").write(text)
 print(f"wrote {doc}")
 PY
