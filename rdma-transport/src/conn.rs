@@ -203,7 +203,24 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
     let id = Arc::new(id);
     let res = build_resources(&id, cfg)?;
     // §2.3 step 3: connect with our hello as private data.
-    id.connect(&res.hello.encode()).map_err(|e| match e {
+    // rdma_connect blocks on iWARP (siw does a synchronous kernel TCP
+    // connect, ~2 min to a dead host), so it runs on the blocking pool and
+    // the whole handshake is bounded by connect_timeout.
+    let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
+    let id2 = id.clone();
+    let hello = res.hello.encode();
+    // The QP and memory travel with the call, so on timeout they are only
+    // freed after the blocked rdma_connect returned (never under it).
+    let call = tokio::task::spawn_blocking(move || {
+        let r = id2.connect(&hello);
+        (r, res)
+    });
+    let (r, res) = match tokio::time::timeout_at(deadline, call).await {
+        Ok(Ok(x)) => x,
+        Ok(Err(_join)) => return Err(Error::Disconnected),
+        Err(_) => return Err(Error::Timeout { stage: "connect" }),
+    };
+    r.map_err(|e| match e {
         // iWARP connects over TCP synchronously: no listener = ECONNREFUSED.
         Error::Verb { errno, .. } if errno.0 == libc::ECONNREFUSED => Error::Rejected {
             addr,
@@ -223,7 +240,7 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
         }
         e => e,
     })?;
-    let e = tokio::time::timeout(cfg.connect_timeout, next_event(&chan, &afd))
+    let e = tokio::time::timeout_at(deadline, next_event(&chan, &afd))
         .await
         .map_err(|_| Error::Timeout { stage: "connect" })??;
     let peer_hello = match e.kind {

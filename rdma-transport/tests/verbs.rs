@@ -134,7 +134,11 @@ async fn no_device_or_no_listener_is_clean_error() {
     assert!(e.is_unavailable_for_fallback(), "{e:?}");
     // A non-existent host on the RDMA subnet: address resolution (ARP)
     // never completes, so the resolve timeout must fire.
-    if let IpAddr::V4(v4) = ip {
+    // (Skipped on siw: its rdma_connect blocks in a kernel TCP connect for
+    // ~2 min; connect() returns Timeout after connect_timeout, but the
+    // blocking-pool thread, and so the test runtime's shutdown, waits.)
+    let siw = std::env::var("SOFTROCE_SIW_IP").ok() == std::env::var("SOFTROCE_IP").ok();
+    if let (IpAddr::V4(v4), false) = (ip, siw) {
         let o = v4.octets();
         let ghost = IpAddr::from([o[0], o[1], o[2], o[3].wrapping_add(100)]);
         let cfg = Config {
