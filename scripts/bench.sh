@@ -72,6 +72,11 @@ mkdir -p "$OUT"
 SOFTROCE=${SOFTROCE_SCRIPT:-$ROOT/../shared/softroce/run-in-softroce-vm.sh}
 
 cargo build --release -p rpc-examples --bin bench
+{
+  echo "built from: $(git log -1 --format='%h %s')"
+  dirty=$(git status --short -- rpc-core rdma-transport examples codegen | wc -l)
+  echo "uncommitted files in rpc-core/ rdma-transport/ examples/ codegen/ at build time: $dirty"
+} >"$OUT/build.txt"
 
 if [ "$MODE" != host ]; then
   [ -x "$SOFTROCE" ] || { echo "missing $SOFTROCE (set SOFTROCE_SCRIPT)" >&2; exit 1; }
@@ -155,7 +160,7 @@ if mode in ("all", "vm") and os.path.exists(os.path.join(out, "vm-bench.json")):
     s.append("Command: `scripts/bench.sh vm` (one VM boot: perftest, then "
              "`target/release/bench --addr $SOFTROCE_IP:0 --paths rdma,tcp-fallback,tonic-tcp "
              "--duration-ms 1000 --max-cell-mib 48`).\n")
-    s.append("```text\n" + read("host-machine.txt", "") + read("vm-machine.txt") + read("vm-time.txt") + "```\n")
+    s.append("```text\n" + read("build.txt") + read("host-machine.txt", "") + read("vm-machine.txt") + read("vm-time.txt") + "```\n")
     s.append("**These are emulated numbers** (QEMU TCG, no KVM; rdma_rxe in the guest kernel: "
              "~35 µs SEND latency, ~15 MB/s RDMA bandwidth). They say nothing about RDMA hardware; "
              "only the ratios to perftest on the same emulated device, and to tonic over the "
@@ -328,7 +333,7 @@ if mode in ("all", "host") and os.path.exists(os.path.join(out, "host-bench.json
              "--duration-ms 1000 --payloads 64,1k,64k,1m`. The `memory` path is the call protocol "
              "(rpc-core session, frames, per-call tasks) over an in-memory connection: the framework's own "
              "cost without any transport.\n")
-    s.append("```text\n" + read("host-machine.txt") + "```\n")
+    s.append("```text\n" + read("build.txt") + read("host-machine.txt") + "```\n")
     s.append("The machine is shared with other builds (2 cores): latencies are noisy, compare paths within one run.\n")
     s.append(read("host-bench.md"))
     text = replace_section(text, "host", "\n".join(s))

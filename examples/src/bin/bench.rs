@@ -493,7 +493,7 @@ fn progress(r: &CellResult) {
             if let Some(c) = &r.rdma {
                 let _ = write!(
                     extra,
-                    ", rdma/call: {:.1} msgs, {:.1} rdv writes, {:.2} credit msgs, {:.2} cq events",
+                    ", rdma/call: {:.1} msgs sent+recv, {:.1} rdv writes, {:.2} credit msgs, {:.2} cq events",
                     c.msgs, c.rendezvous_writes, c.credit_msgs, c.cq_events
                 );
             }
@@ -658,7 +658,7 @@ fn render(
         );
         let _ = writeln!(
             out,
-            "| payload | in flight | msgs | eager SENDs | inline SENDs | rendezvous WRITEs | credit msgs | CQ events |"
+            "| payload | in flight | msgs (sent+recv) | eager SENDs | inline SENDs | rendezvous WRITEs | credit msgs | CQ events |"
         );
         let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
         for r in rdma_rows {
