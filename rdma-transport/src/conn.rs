@@ -402,6 +402,40 @@ impl Shared {
     }
 }
 
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.peer)
+            .field("max_message_len", &self.send.max)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for SendHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendHalf")
+            .field("max_message_len", &self.max)
+            .field("closed", &self.closed)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for RecvHalf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvHalf")
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
 /// An established connection; [`Connection::split`] it to use it.
 pub struct Connection {
     send: SendHalf,

@@ -136,3 +136,27 @@ impl Error {
         )
     }
 }
+
+impl From<Error> for std::io::Error {
+    /// Maps to an `io::ErrorKind` (Disconnected → ConnectionReset,
+    /// Rejected → ConnectionRefused, Timeout → TimedOut, ...), keeping the
+    /// original error as the source.
+    fn from(e: Error) -> std::io::Error {
+        use std::io::ErrorKind as K;
+        let kind = match &e {
+            Error::NoDevice(_) => K::Unsupported,
+            Error::AddrResolve { .. } | Error::RouteResolve { .. } | Error::Unreachable { .. } => {
+                K::HostUnreachable
+            }
+            Error::Rejected { .. } => K::ConnectionRefused,
+            Error::Timeout { .. } => K::TimedOut,
+            Error::Disconnected | Error::Completion { .. } => K::ConnectionReset,
+            Error::Closed => K::BrokenPipe,
+            Error::Protocol(_) => K::InvalidData,
+            Error::MessageTooLarge { .. } | Error::Config(_) => K::InvalidInput,
+            Error::ResourceLimit(_) => K::OutOfMemory,
+            Error::Verb { .. } => K::Other,
+        };
+        std::io::Error::new(kind, e)
+    }
+}

@@ -114,7 +114,7 @@ async fn no_device_or_no_listener_is_clean_error() {
             // Host without RDMA: connecting must fail cleanly with a fallback reason.
             if devices().map(|d| d.is_empty()).unwrap_or(true) {
                 let r = connect("127.0.0.1:7471".parse().unwrap(), &cfg).await;
-                let e = r.err().expect("must fail");
+                let e = r.expect_err("must fail");
                 println!("host connect error: {e}");
                 assert!(e.is_unavailable_for_fallback(), "{e:?}");
             }
@@ -128,7 +128,7 @@ async fn no_device_or_no_listener_is_clean_error() {
     )
     .await
     .expect("connect to a port without listener must not hang");
-    let e = r.err().expect("no listener: must fail");
+    let e = r.expect_err("no listener: must fail");
     println!("no listener: {e} ({:?}) after {:?}", e, t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(5));
     assert!(e.is_unavailable_for_fallback(), "{e:?}");
@@ -153,7 +153,7 @@ async fn no_device_or_no_listener_is_clean_error() {
         )
         .await
         .expect("must not hang");
-        let e = r.err().expect("ghost host must fail");
+        let e = r.expect_err("ghost host must fail");
         println!("ghost host {ghost}: {e} ({e:?}) after {:?}", t.elapsed());
         assert!(e.is_unavailable_for_fallback(), "{e:?}");
         assert!(t.elapsed() < Duration::from_secs(6));
@@ -166,7 +166,7 @@ async fn no_device_or_no_listener_is_clean_error() {
     )
     .await
     .expect("must not hang");
-    let e = r.err().expect("unreachable address must fail");
+    let e = r.expect_err("unreachable address must fail");
     println!("unreachable address: {e} ({:?}) after {:?}", e, t.elapsed());
     assert!(e.is_unavailable_for_fallback(), "{e:?}");
 }
