@@ -421,6 +421,49 @@ async fn message_too_large_and_drop_semantics() {
     .expect("timeout");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_messages_and_dropped_recv_half_do_not_stall() {
+    let Some(ip) = device_ip("held_messages_and_dropped_recv_half_do_not_stall") else {
+        return;
+    };
+    let cfg = Config::default();
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let (c, s) = pair(ip, &cfg).await;
+        let (mut ctx, mut crx) = c.split();
+        let (mut stx, srx) = s.split();
+        // Server never reads: its driver must keep consuming (and discarding)
+        // so the client's sends and close complete.
+        drop(srx);
+        for i in 0..2000u64 {
+            ctx.send(pattern(i, [16, 5000, 40_000][i as usize % 3]))
+                .await
+                .unwrap();
+        }
+        ctx.close().await;
+        // Client holds every received message (never drops the Bytes) while
+        // more keep arriving: progress must not depend on it.
+        let mut held = Vec::new();
+        let w = tokio::spawn(async move {
+            for i in 0..2000u64 {
+                stx.send(pattern(i, [16, 5000][i as usize % 2]))
+                    .await
+                    .unwrap();
+            }
+            stx.close().await;
+        });
+        while let Some(m) = crx.recv().await.unwrap() {
+            held.push(m);
+        }
+        w.await.unwrap();
+        assert_eq!(held.len(), 2000);
+        for (i, m) in held.iter().enumerate() {
+            assert!(*m == pattern(i as u64, [16, 5000][i % 2]));
+        }
+    })
+    .await
+    .expect("timeout");
+}
+
 const CHILD_ENV: &str = "RDMA_TEST_CHILD_CONNECT";
 
 /// Child role for `peer_killed_mid_transfer` (no-op unless the env var is set).
