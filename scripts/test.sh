@@ -25,6 +25,8 @@ step "host tests (cargo test --workspace)" cargo test --workspace --quiet --no-f
 step "stock gRPC client (grpcio) -> helloworld-server over TCP" \
   python3 tests/stock_client/grpcio_hello.py --server target/debug/helloworld-server
 
+step "fuzz smoke (every target, 10 s each)" ./scripts/fuzz.sh 10
+
 # Test binaries that need a device, built above; found by target name.
 bins=$(cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
