@@ -7,7 +7,9 @@ use rpc_core::{Channel, Server, Transport};
 use rpc_examples::echo::EchoService;
 use rpc_examples::greeter::MyGreeter;
 use rpc_examples::pb::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoRequest};
-use rpc_examples::pb::helloworld::{greeter_client::GreeterClient, greeter_server::GreeterServer, HelloRequest};
+use rpc_examples::pb::helloworld::{
+    greeter_client::GreeterClient, greeter_server::GreeterServer, HelloRequest,
+};
 use rpc_examples::pb::routeguide::route_guide_client::RouteGuideClient;
 use rpc_examples::pb::routeguide::route_guide_server::RouteGuideServer;
 use rpc_examples::pb::routeguide::{Point, Rectangle, RouteNote};
@@ -29,7 +31,10 @@ struct Args {
 
 fn row(what: &str, calls: u32, elapsed: Duration, note: &str) {
     let per = elapsed / calls.max(1);
-    println!("  {what:<28} {calls:>6} {:>10.2?} {per:>10.2?}  {note}", elapsed);
+    println!(
+        "  {what:<28} {calls:>6} {:>10.2?} {per:>10.2?}  {note}",
+        elapsed
+    );
 }
 
 #[tokio::main]
@@ -63,10 +68,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let channel = builder.connect().await?;
     println!("client: transport: {}", channel.transport());
 
-    println!("\n  {:<28} {:>6} {:>10} {:>10}  note", "call", "count", "total", "per call");
+    println!(
+        "\n  {:<28} {:>6} {:>10} {:>10}  note",
+        "call", "count", "total", "per call"
+    );
     let t = Instant::now();
     let reply = GreeterClient::new(channel.clone())
-        .say_hello(HelloRequest { name: "demo".into() })
+        .say_hello(HelloRequest {
+            name: "demo".into(),
+        })
         .await?
         .into_inner();
     row("Greeter/SayHello", 1, t.elapsed(), &reply.message);
@@ -74,23 +84,41 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rg = RouteGuideClient::new(channel.clone());
     let features = rpc_examples::routeguide::service().features;
     let t = Instant::now();
-    let f = rg.get_feature(features[1].location.unwrap()).await?.into_inner();
+    let f = rg
+        .get_feature(features[1].location.unwrap())
+        .await?
+        .into_inner();
     row("RouteGuide/GetFeature", 1, t.elapsed(), &f.name);
 
     let t = Instant::now();
     let rect = Rectangle {
-        lo: Some(Point { latitude: 400_000_000, longitude: -750_000_000 }),
-        hi: Some(Point { latitude: 420_000_000, longitude: -730_000_000 }),
+        lo: Some(Point {
+            latitude: 400_000_000,
+            longitude: -750_000_000,
+        }),
+        hi: Some(Point {
+            latitude: 420_000_000,
+            longitude: -730_000_000,
+        }),
     };
     let mut s = rg.list_features(rect).await?.into_inner();
     let mut n = 0;
     while s.message().await?.is_some() {
         n += 1;
     }
-    row("RouteGuide/ListFeatures", 1, t.elapsed(), &format!("{n} features streamed"));
+    row(
+        "RouteGuide/ListFeatures",
+        1,
+        t.elapsed(),
+        &format!("{n} features streamed"),
+    );
 
     let t = Instant::now();
-    let pts: Vec<Point> = features.iter().take(10).map(|f| f.location.unwrap()).collect();
+    let pts: Vec<Point> = features
+        .iter()
+        .take(10)
+        .map(|f| f.location.unwrap())
+        .collect();
     let summary = rg.record_route(tokio_stream::iter(pts)).await?.into_inner();
     row(
         "RouteGuide/RecordRoute",
@@ -101,28 +129,46 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let t = Instant::now();
     let notes: Vec<RouteNote> = (0..4)
-        .map(|i| RouteNote { location: Some(Point { latitude: 1, longitude: 1 }), message: format!("note {i}") })
+        .map(|i| RouteNote {
+            location: Some(Point {
+                latitude: 1,
+                longitude: 1,
+            }),
+            message: format!("note {i}"),
+        })
         .collect();
     let mut s = rg.route_chat(tokio_stream::iter(notes)).await?.into_inner();
     let mut n = 0;
     while s.message().await?.is_some() {
         n += 1;
     }
-    row("RouteGuide/RouteChat", 1, t.elapsed(), &format!("{n} notes back"));
+    row(
+        "RouteGuide/RouteChat",
+        1,
+        t.elapsed(),
+        &format!("{n} notes back"),
+    );
 
     let mut echo = EchoClient::new(channel.clone())
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
     let t = Instant::now();
     for _ in 0..args.calls {
-        echo.unary_echo(EchoRequest { payload: vec![7; 64], ..Default::default() }).await?;
+        echo.unary_echo(EchoRequest {
+            payload: vec![7; 64],
+            ..Default::default()
+        })
+        .await?;
     }
     row("Echo/UnaryEcho 64 B", args.calls, t.elapsed(), "sequential");
 
     let payload = vec![0xC3u8; 4 << 20];
     let t = Instant::now();
     let r = echo
-        .unary_echo(EchoRequest { payload: payload.clone(), ..Default::default() })
+        .unary_echo(EchoRequest {
+            payload: payload.clone(),
+            ..Default::default()
+        })
         .await?
         .into_inner();
     let ok = r.payload == payload;
