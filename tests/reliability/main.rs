@@ -1,0 +1,1 @@
+//! Reliability under faults, load and churn (Soft-RoCE VM; see docs/reliability.md).
