@@ -268,3 +268,38 @@ async fn a_peer_that_never_returns_credit_gets_no_more_than_its_window() {
     assert!(data <= 1 << 20, "{data} bytes sent into a 1 MiB window");
     others_still_work(&server).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_cancels_its_handlers() {
+    let stats: Arc<rpc_examples::echo::EchoStats> = Arc::new(Default::default());
+    let router = rpc_core::Server::builder().add_service(
+        rpc_examples::pb::echo::echo_server::EchoServer::new(rpc_examples::echo::EchoService {
+            stats: stats.clone(),
+        }),
+    );
+    let mut p = RawPeer::connect(&router).await;
+    let slow = grpc_message(&EchoRequest {
+        delay_ms: 30_000,
+        ..Default::default()
+    });
+    for id in [1, 3] {
+        p.send(open(id)).await;
+        p.send(frame::encode_data(id, &slow, true)).await;
+    }
+    assert!(
+        rpc_tests::eventually(Duration::from_secs(5), || stats
+            .started
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 2)
+        .await
+    );
+    drop(p); // the connection goes away without RESET or GOAWAY
+    assert!(
+        rpc_tests::eventually(Duration::from_secs(5), || stats
+            .cancelled
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 2)
+        .await,
+        "both handlers cancelled when the client disconnected"
+    );
+}
