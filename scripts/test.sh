@@ -45,7 +45,9 @@ if [ -z "${VERBS_TEST:-}" ] || [ -z "${BEHAVIOUR_TEST:-}" ]; then
 elif [ ! -x "$SOFTROCE" ]; then
   failed=$((failed+1)); failures+=("Soft-RoCE VM"); echo "missing $SOFTROCE (set SOFTROCE_SCRIPT)"
 else
+  # SoftiWARP too (iWARP: no WRITE_WITH_IMM, rdma_cm over real TCP ports), in the same boot.
   step "Soft-RoCE VM suite (one boot)" env VERBS_TEST="$VERBS_TEST" BEHAVIOUR_TEST="$BEHAVIOUR_TEST" \
+    SOFTROCE_VM_SIW=${SOFTROCE_VM_SIW:-1} \
     SOFTROCE_VM_TIMEOUT=${SOFTROCE_VM_TIMEOUT:-1800} "$SOFTROCE" "$ROOT/scripts/vm-suite.sh"
 fi
 

@@ -27,6 +27,13 @@ echo "vm: device ${SOFTROCE_DEV:-?} ip $SOFTROCE_IP"
 
 run "rdma-transport on verbs (message sizes, 100k messages, both ways, many conns, peer killed, no listener)" \
   timeout 600 "$VERBS_TEST" --test-threads=1
+if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
+  run "rdma-transport on verbs over iWARP (SoftiWARP siw0)" \
+    env SOFTROCE_IP="$SOFTROCE_SIW_IP" timeout 600 "$VERBS_TEST" --test-threads=1
+fi
+check "rdma_pingpong example (rdma-transport API, both ends in one process)" \
+  timeout 120 target/debug/examples/rdma_pingpong --loopback "$SOFTROCE_IP"
+echo "$out" | tail -3
 run "behaviour suite over RDMA (all call kinds, 64 MiB, 1000 calls, deadlines, cancel)" \
   quiet timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --test-threads=1
 run "transport selection (WRITE path, mixed clients, fallback, reconnect)" \
