@@ -519,10 +519,10 @@ impl<T: HasFd> std::os::fd::AsRawFd for FdOwner<T> {
 pub(crate) fn async_fd<T: HasFd>(
     owner: Arc<T>,
 ) -> Result<tokio::io::unix::AsyncFd<FdOwner<T>>, Error> {
-    // SAFETY: the fd belongs to `owner` (event/completion channel), which the
-    // FdOwner keeps alive (Arc) for the AsyncFd's whole lifetime, so it stays
-    // open and always refers to the same file description; as_raw_fd always
-    // returns that same fd.
+    // The fd belongs to `owner` (event/completion channel), which the FdOwner
+    // keeps alive (Arc) for the AsyncFd's whole lifetime.
+    // SAFETY: so the fd stays open and always refers to the same file
+    // description, and as_raw_fd always returns that same fd.
     unsafe {
         tokio::io::unix::AsyncFd::register_with_interest(
             FdOwner(owner),
