@@ -2,7 +2,8 @@
 # Benchmarks; writes the generated sections of docs/benchmarks.md (text outside the
 # <!-- BEGIN/END --> markers is kept).
 #
-#   scripts/bench.sh [all|vm|host]        (default: all)
+#   scripts/bench.sh [all|vm|host|report]   (default: all; report: only rewrite the
+#                                           doc from the raw outputs of earlier runs)
 #
 #   vm:   ONE Soft-RoCE VM boot (../shared/softroce/run-in-softroce-vm.sh): perftest
 #         ib_send_lat / ib_write_bw on the guest's rxe device, then target/release/bench
@@ -66,19 +67,19 @@ if [ "${1:-}" = "--in-vm" ]; then
 fi
 
 MODE=${1:-all}
-case $MODE in all | vm | host) ;; *) echo "usage: $0 [all|vm|host]" >&2; exit 2 ;; esac
+case $MODE in all | vm | host | report) ;; *) echo "usage: $0 [all|vm|host|report]" >&2; exit 2 ;; esac
 OUT=${BENCH_OUT:-$ROOT/target/bench}
 mkdir -p "$OUT"
 SOFTROCE=${SOFTROCE_SCRIPT:-$ROOT/../shared/softroce/run-in-softroce-vm.sh}
 
-cargo build --release -p rpc-examples --bin bench
-{
+[ "$MODE" = report ] || cargo build --release -p rpc-examples --bin bench
+[ "$MODE" = report ] || {
   echo "built from: $(git log -1 --format='%h %s')"
   dirty=$(git status --short -- rpc-core rdma-transport examples codegen | wc -l)
   echo "uncommitted files in rpc-core/ rdma-transport/ examples/ codegen/ at build time: $dirty"
 } >"$OUT/build.txt"
 
-if [ "$MODE" != host ]; then
+if [ "$MODE" = all ] || [ "$MODE" = vm ]; then
   [ -x "$SOFTROCE" ] || { echo "missing $SOFTROCE (set SOFTROCE_SCRIPT)" >&2; exit 1; }
   rm -f "$OUT"/vm-* "$OUT"/send_lat_* "$OUT"/write_bw_* "$OUT"/cg.rdma.*
   t0=$SECONDS
@@ -87,7 +88,7 @@ if [ "$MODE" != host ]; then
   echo "VM run: $((SECONDS - t0)) s" | tee "$OUT/vm-time.txt"
 fi
 
-if [ "$MODE" != vm ]; then
+if [ "$MODE" = all ] || [ "$MODE" = host ]; then
   rm -f "$OUT"/host-* "$OUT"/cg.memory.* "$OUT"/cg.tonic-tcp.*
   {
     echo "host: $(uname -srm), $(nproc) cores"
@@ -126,11 +127,14 @@ def read(name, default=""):
     return open(p).read() if os.path.exists(p) else default
 
 def perftest_row(name):
-    """First result row of a perftest output: list of floats, or None."""
-    for line in read(name).splitlines():
-        f = line.split()
-        if len(f) >= 5 and all(re.fullmatch(r"[0-9.]+", x) for x in f[:5]):
-            return [float(x) for x in f]
+    """First finite result row of a perftest output (client side, else the
+    server side: both time the same ping-pong; under TCG one side sometimes
+    prints inf), as a list of floats, or None."""
+    for n in (name, name.replace(".txt", ".server.txt")):
+        for line in read(n).splitlines():
+            f = line.split()
+            if len(f) >= 5 and all(re.fullmatch(r"[0-9.]+", x) for x in f[:5]):
+                return [float(x) for x in f]
     return None
 
 def cell(cells, path, payload, inflight):
@@ -152,7 +156,7 @@ def replace_section(text, name, body):
 
 text = open(doc).read() if os.path.exists(doc) else "# Benchmarks\n"
 
-if mode in ("all", "vm") and os.path.exists(os.path.join(out, "vm-bench.json")):
+if mode in ("all", "vm", "report") and os.path.exists(os.path.join(out, "vm-bench.json")):
     j = json.loads(read("vm-bench.json"))
     cells = j["cells"]
     s = []
@@ -184,7 +188,8 @@ if mode in ("all", "vm") and os.path.exists(os.path.join(out, "vm-bench.json")):
     s.append("#### Ratios\n")
     s.append("ib_send_lat is a ping-pong and reports half the round trip (t_typical = median RTT/2); "
              "our unary call is a round trip (request SEND(s), 1-byte reply), so it is compared "
-             "with 2 × t_typical. ib_write_bw is one-way RDMA WRITE streaming (128 outstanding); "
+             "with 2 × t_typical (from the client's output, or the server's when the client printed `inf`, "
+             "which perftest sometimes does under TCG). ib_write_bw is one-way RDMA WRITE streaming (128 outstanding); "
              "our bandwidth counts request payload bytes per second (1-byte replies).\n")
     s.append("| ratio | value |\n|---|---|")
     for payload, r in ((64, lat64), (1024, lat1k)):
@@ -326,7 +331,7 @@ if have:
         s.append("\n</details>")
     text = replace_section(text, "callgrind", "\n".join(s))
 
-if mode in ("all", "host") and os.path.exists(os.path.join(out, "host-bench.json")):
+if mode in ("all", "host", "report") and os.path.exists(os.path.join(out, "host-bench.json")):
     s = []
     s.append("### Host run (no device)\n")
     s.append("Command: `scripts/bench.sh host`, i.e. `target/release/bench --paths memory,tcp-fallback,tonic-tcp "
