@@ -6,8 +6,8 @@
 //! Requests carry `payload` bytes and ask for a 1-byte reply
 //! (`reply_bytes: 1`), so "payload" is the request size and bandwidth counts
 //! request bytes; `--echo-both-ways` echoes the payload back instead.
-//! Client and server run in this one process: CPU time (getrusage
-//! RUSAGE_SELF, user+sys) and context switches are client+server.
+//! Client and server run in this one process: CPU time (time on CPU of all
+//! threads, /proc/self/task/*/schedstat) and context switches are client+server.
 //!
 //! ```text
 //! bench --paths rdma,tcp-fallback,tonic-tcp --duration-ms 1000 --markdown out.md
@@ -178,16 +178,38 @@ struct Usage {
     csw: u64,
 }
 
+/// CPU time and context switches of the whole process, summed over its
+/// threads from /proc (no `unsafe` outside rdma-transport): `schedstat`'s
+/// time on CPU (ns) and `status`' voluntary + involuntary switches.
+/// Threads that exited during a cell are not counted (tokio's workers live on).
 fn usage() -> Usage {
-    // SAFETY: getrusage only writes into the zeroed struct we pass.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer to a rusage; RUSAGE_SELF is always valid.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
-    Usage {
-        cpu_us: tv(ru.ru_utime) + tv(ru.ru_stime),
-        csw: (ru.ru_nvcsw + ru.ru_nivcsw) as u64,
+    let mut u = Usage::default();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return u;
+    };
+    for t in tasks.flatten() {
+        let dir = t.path();
+        if let Ok(s) = std::fs::read_to_string(dir.join("schedstat")) {
+            if let Some(ns) = s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+            {
+                u.cpu_us += ns / 1e3;
+            }
+        }
+        if let Ok(s) = std::fs::read_to_string(dir.join("status")) {
+            for line in s.lines() {
+                if let Some(v) = line
+                    .strip_prefix("voluntary_ctxt_switches:")
+                    .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+                {
+                    u.csw += v.trim().parse::<u64>().unwrap_or(0);
+                }
+            }
+        }
     }
+    u
 }
 
 /// RDMA transport counters per call (process-wide, so client+server).
@@ -233,7 +255,7 @@ struct CellResult {
     calls_per_s: f64,
     /// Payload bytes moved per second (request only, or both ways with --echo-both-ways).
     bytes_per_s: f64,
-    /// getrusage(RUSAGE_SELF) user+sys per call, client+server.
+    /// CPU time on all threads (/proc/self/task/*/schedstat) per call, client+server.
     cpu_us_per_call: f64,
     /// Voluntary + involuntary context switches per call (whole process).
     ctx_switches_per_call: f64,
@@ -534,7 +556,7 @@ fn render(
     let _ = writeln!(
         out,
         "Unary echo; payload = request bytes, reply {}; client and server in one process \
-         (CPU = getrusage user+sys of the process per call, client+server; ctx sw = voluntary+involuntary context switches per call).\n",
+         (CPU = time on CPU of all threads per call, from /proc/self/task/*/schedstat, client+server; ctx sw = voluntary+involuntary context switches per call).\n",
         if args.echo_both_ways {
             "echoes the payload (bandwidth counts both directions)"
         } else {
