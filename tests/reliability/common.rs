@@ -156,7 +156,7 @@ impl ChildProc {
         std::thread::spawn(move || {
             for line in std::io::BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                if line.starts_with("CHILD") {
+                if line.contains("CHILD") {
                     println!("  child: {line}");
                 }
                 if tx.send(line).is_err() {
@@ -171,8 +171,9 @@ impl ChildProc {
     pub async fn wait_line(&mut self, prefix: &str, limit: Duration) -> String {
         let work = async {
             while let Some(l) = self.lines.recv().await {
-                if let Some(rest) = l.strip_prefix(prefix) {
-                    return rest.trim().to_string();
+                // libtest prints "test <name> ... " before the child's first line.
+                if let Some(at) = l.find(prefix) {
+                    return l[at + prefix.len()..].trim().to_string();
                 }
             }
             panic!("child exited before printing {prefix:?}");
