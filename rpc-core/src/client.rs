@@ -5,7 +5,8 @@ use crate::body::RecvBody;
 use crate::conn::Connection;
 use crate::session::{self, CallGuard, Inbound, Shared};
 use crate::{timeout, ConnInfo, Error, SessionConfig, Transport, TransportInfo, TransportKind};
-use futures::future::BoxFuture;
+use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt};
 use http_body_util::BodyExt;
 use std::future::Future;
 use std::sync::Arc;
@@ -369,9 +370,29 @@ async fn msg_call(
             .await
             .map_err(|_| shared.closed_status())?;
         let remaining = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-        let end = http_body::Body::is_end_stream(&body);
-        let (stream, mut rx, window) =
-            shared.open_stream(|id| crate::frame::encode_open(id, &path, remaining, &md, end))?;
+        // Take what the request body has ready now: a unary request is one
+        // message and then the end, so it needs no pump task, and OPEN plus its
+        // DATA(END_STREAM) leave together (one BATCH message, §1.7).
+        let mut ready: Vec<Bytes> = Vec::new();
+        let mut end = http_body::Body::is_end_stream(&body);
+        while !end && ready.len() < 8 {
+            match body.frame().now_or_never() {
+                Some(Some(Ok(f))) => {
+                    if let Ok(d) = f.into_data() {
+                        ready.push(d);
+                    }
+                    end = http_body::Body::is_end_stream(&body);
+                }
+                Some(None) => end = true,
+                Some(Some(Err(e))) => {
+                    return Err(Status::cancelled(format!("request body failed: {e}")))
+                }
+                None => break,
+            }
+        }
+        let open_ends = end && ready.is_empty();
+        let (stream, mut rx, window) = shared
+            .open_stream(|id| crate::frame::encode_open(id, &path, remaining, &md, open_ends))?;
         let mut guard = CallGuard {
             shared: shared.clone(),
             stream,
@@ -387,12 +408,28 @@ async fn msg_call(
             });
             guard.timer = Some(t.abort_handle());
         }
-        if !end {
+        if end {
+            let n = ready.len();
+            for (i, d) in ready.into_iter().enumerate() {
+                // If the call ended early (the server answered, or reset it), the
+                // answer is in `rx`: read it below rather than report the send.
+                if shared
+                    .send_body(stream, &window, d, i + 1 == n)
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        } else {
             let s = shared.clone();
             let w = window.clone();
             // The pump ends when the body ends or the call closes (window closed).
             tokio::spawn(async move {
                 let pump = async {
+                    for d in ready {
+                        s.send_body(stream, &w, d, false).await?;
+                    }
                     loop {
                         match body.frame().await {
                             Some(Ok(f)) => {
@@ -409,9 +446,7 @@ async fn msg_call(
                                 s.reset_stream(stream, st.clone());
                                 return Err(st);
                             }
-                            None => {
-                                return s.send_body(stream, &w, bytes::Bytes::new(), true).await
-                            }
+                            None => return s.send_body(stream, &w, Bytes::new(), true).await,
                         }
                     }
                 };

@@ -31,7 +31,12 @@ pub mod kind {
     pub const WINDOW_UPDATE: u8 = 0x07;
     /// The sender takes no new calls; calls up to `last_stream_id` finish.
     pub const GOAWAY: u8 = 0x08;
+    /// Several frames in one connection message (§1.7).
+    pub const BATCH: u8 = 0x09;
 }
+
+/// HELLO feature bit: the sender understands BATCH frames (§1.7).
+pub const FEATURE_BATCH: u32 = 0x1;
 
 /// DATA flag: the sender half-closes its side of the call after this frame.
 pub const FLAG_END_STREAM: u8 = 0x01;
@@ -150,6 +155,8 @@ pub enum Frame {
         /// Reason.
         message: String,
     },
+    /// §1.7: frames carried in one connection message, each still encoded.
+    Batch(Vec<Bytes>),
     /// A frame type this version does not know; ignored (§1.2).
     Unknown(u8),
 }
@@ -274,6 +281,18 @@ pub fn encode_goaway(last_stream: u32, code: u32, message: &str) -> Bytes {
     b.put_u32(last_stream);
     b.put_u32(code);
     put_string(&mut b, message);
+    b.freeze()
+}
+
+/// Encodes BATCH: each frame behind its u32 length (§1.7).
+pub fn encode_batch(frames: &[Bytes]) -> Bytes {
+    let len = HEADER_LEN + frames.iter().map(|f| 4 + f.len()).sum::<usize>();
+    let mut b = BytesMut::with_capacity(len);
+    header(&mut b, kind::BATCH, 0, 0);
+    for f in frames {
+        b.put_u32(f.len() as u32);
+        b.put_slice(f);
+    }
     b.freeze()
 }
 
@@ -457,6 +476,22 @@ pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameErr
                 message: r.string("goaway message")?,
             }
         }
+        kind::BATCH => {
+            r.what = "BATCH";
+            let mut parts = Vec::new();
+            while r.buf.has_remaining() {
+                let n = r.u32()? as usize;
+                let part = r.bytes(n)?;
+                if part.first() == Some(&kind::BATCH) {
+                    return Err(FrameError::Invalid {
+                        what: "BATCH",
+                        detail: "nested BATCH".into(),
+                    });
+                }
+                parts.push(part);
+            }
+            Frame::Batch(parts)
+        }
         other => Frame::Unknown(other),
     };
     Ok(f)
@@ -563,6 +598,22 @@ mod tests {
         let b = encode_open(1, "no-slash", None, &HeaderMap::new(), false);
         assert!(decode(b, &LIM).is_err());
         assert!(decode(encode_window_update(1, 0), &LIM).is_err());
+    }
+
+    #[test]
+    fn batch_round_trip_and_no_nesting() {
+        let a = encode_window_update(1, 5);
+        let b = encode_data(3, b"xyz", true);
+        let batch = encode_batch(&[a.clone(), b.clone()]);
+        assert_eq!(
+            decode(batch.clone(), &LIM).unwrap(),
+            Frame::Batch(vec![a, b])
+        );
+        assert!(decode(encode_batch(&[batch]), &LIM).is_err());
+        // A length running past the end is an error, not a panic.
+        let mut bad = BytesMut::from(&encode_batch(&[encode_window_update(1, 5)])[..]);
+        bad[HEADER_LEN + 3] = 200;
+        assert!(decode(bad.freeze(), &LIM).is_err());
     }
 
     proptest! {

@@ -145,6 +145,10 @@ pub struct SessionConfig {
     pub max_data_frame: usize,
     /// Time allowed for the HELLO exchange (default 5 s).
     pub handshake_timeout: Duration,
+    /// Small frames queued together are sent as one connection message of at
+    /// most this many bytes (BATCH, §1.7; default 4 KiB, which keeps a batch
+    /// under rdma-transport's default eager limit). 0 disables batching.
+    pub max_batch_bytes: usize,
 }
 
 impl Default for SessionConfig {
@@ -156,6 +160,7 @@ impl Default for SessionConfig {
             max_metadata_bytes: 16 << 10,
             max_data_frame: 1 << 20,
             handshake_timeout: Duration::from_secs(5),
+            max_batch_bytes: 4096,
         }
     }
 }

@@ -124,7 +124,11 @@ async fn handshake<S: FrameSender, R: FrameReceiver>(
 ) -> Result<Hello, Status> {
     let ours = Hello {
         version: frame::PROTOCOL_VERSION,
-        features: 0,
+        features: if config.max_batch_bytes > 0 {
+            frame::FEATURE_BATCH
+        } else {
+            0
+        },
         max_concurrent_calls: config.max_concurrent_calls,
         initial_window: config.initial_window,
         max_metadata_bytes: config.max_metadata_bytes,
@@ -218,14 +222,48 @@ async fn writer<S: FrameSender>(
     mut out: mpsc::UnboundedReceiver<(Bytes, u32)>,
     shared: Arc<Shared>,
 ) {
+    // Frames queued together leave as one BATCH message when both sides
+    // support it (§1.7): a unary call then costs one message each way.
+    let batch_max = if shared.peer.features & frame::FEATURE_BATCH != 0 {
+        shared.config.max_batch_bytes.min(tx.max_frame_len())
+    } else {
+        0
+    };
+    let mut carry: Option<(Bytes, u32)> = None;
+    let mut parts: Vec<Bytes> = Vec::new();
     loop {
-        let item = tokio::select! {
-            biased;
-            item = out.recv() => item,
-            _ = shared.shutdown.notified() => None,
+        let item = match carry.take() {
+            Some(i) => Some(i),
+            None => tokio::select! {
+                biased;
+                item = out.recv() => item,
+                _ = shared.shutdown.notified() => None,
+            },
         };
-        let Some((frame, budget)) = item else { break };
-        let r = tx.send(frame).await;
+        let Some((first, mut budget)) = item else {
+            break;
+        };
+        let mut size = frame::HEADER_LEN + 4 + first.len();
+        if size <= batch_max {
+            while let Ok((f, b)) = out.try_recv() {
+                if size + 4 + f.len() > batch_max {
+                    carry = Some((f, b));
+                    break;
+                }
+                size += 4 + f.len();
+                budget += b;
+                parts.push(f);
+            }
+        }
+        let msg = if parts.is_empty() {
+            first
+        } else {
+            parts.insert(0, first);
+            let m = frame::encode_batch(&parts);
+            parts.clear();
+            m
+        };
+        let r = tx.send(msg).await;
         if budget > 0 {
             shared.out_budget.add_permits(budget as usize);
         }
@@ -233,7 +271,7 @@ async fn writer<S: FrameSender>(
             shared.fail(io_status("lost the", &shared.info, &e));
             break;
         }
-        if shared.shut.load(Ordering::Acquire) && out.is_empty() {
+        if shared.shut.load(Ordering::Acquire) && out.is_empty() && carry.is_none() {
             break;
         }
     }
@@ -260,9 +298,19 @@ async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Opti
             }
             Err(e) => break io_status("lost the", &shared.info, &e),
         };
-        match frame::decode(bytes, &limits) {
-            Ok(f) => {
-                if let Err(e) = shared.dispatch(f, acceptor.as_ref()) {
+        let decoded = match frame::decode(bytes, &limits) {
+            Ok(Frame::Batch(parts)) => parts
+                .into_iter()
+                .map(|p| frame::decode(p, &limits))
+                .collect::<Result<Vec<_>, _>>(),
+            other => other.map(|f| vec![f]),
+        };
+        match decoded {
+            Ok(frames) => {
+                if let Err(e) = frames
+                    .into_iter()
+                    .try_for_each(|f| shared.dispatch(f, acceptor.as_ref()))
+                {
                     tracing::warn!(peer = ?shared.info.peer, "closing connection: {e}");
                     shared.send_ctrl(frame::encode_goaway(0, Code::Internal as u32, &e));
                     break Status::internal(format!("peer violated the call protocol: {e}"));
@@ -689,6 +737,7 @@ impl Shared {
                 }
                 self.changed.notify_waiters();
             }
+            Frame::Batch(_) => return Err("nested BATCH".into()),
             Frame::Unknown(k) => tracing::trace!("ignoring unknown frame type {k:#x}"),
         }
         Ok(())
