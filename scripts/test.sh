@@ -25,6 +25,8 @@ step "host tests (cargo test --workspace)" cargo test --workspace --quiet --no-f
 step "stock gRPC client (grpcio) -> helloworld-server over TCP" \
   python3 tests/stock_client/grpcio_hello.py --server target/debug/helloworld-server
 
+step "benchmark smoke (no timings asserted)" \
+  target/debug/bench --quick --paths memory,tcp-fallback,tonic-tcp
 step "fuzz smoke (every target, 10 s each)" ./scripts/fuzz.sh 10
 
 # Test binaries that need a device, built above; found by target name.

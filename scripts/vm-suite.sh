@@ -71,6 +71,9 @@ kill $srv 2>/dev/null; wait $srv 2>/dev/null
 
 check "demo over RDMA" bash -c "timeout 300 $BIN/demo --addr $SOFTROCE_IP:0 --calls 50 | grep -E '^(server|client|  [A-Z]|summary)' | tee /dev/stderr | grep -q '^client: transport: rdma'"
 
+check "benchmark smoke over RDMA (no timings asserted)" \
+  timeout 300 $BIN/bench --quick --addr "$SOFTROCE_IP:0" --paths rdma,tcp-fallback,tonic-tcp
+
 echo "vm: suite wall time $((SECONDS-T0)) s"
 echo "vm: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
