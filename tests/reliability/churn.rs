@@ -48,10 +48,14 @@ async fn connect_disconnect_churn() {
         let conns0 = rdma_transport::global_stats().connections;
         let t0 = Instant::now();
         let mut peak_pin = pin0;
+        let mut trajectory = vec![rss0];
         for i in 0..cycles {
             cycle(&addr, i).await;
-            if i % 50 == 0 {
+            if i % 25 == 0 {
                 peak_pin = peak_pin.max(pinned_kib());
+            }
+            if (i + 1) % (cycles / 8).max(1) == 0 {
+                trajectory.push(rss_kib());
             }
         }
         let el = t0.elapsed();
@@ -69,6 +73,7 @@ async fn connect_disconnect_churn() {
             rss1 as i64 - rss0 as i64,
             (rss1 as f64 - rss0 as f64) * 1024.0 / cycles as f64
         );
+        println!("  VmRSS every {} cycles (KiB): {trajectory:?}", (cycles / 8).max(1));
         assert_eq!(conns, 2 * cycles as u64, "a client and a server connection per cycle");
         assert!(released, "registered memory back to {pin0} KiB: VmPin {pin1} KiB");
         assert!(

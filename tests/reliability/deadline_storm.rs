@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 const CALLS: usize = 2000;
 const DEADLINE: Duration = Duration::from_millis(50);
 const HANDLER_SLEEP_MS: u32 = 2000;
-const CONCURRENCY: usize = 250;
+const CONCURRENCY: usize = 64;
 
 async fn latencies(
     c: &mut rpc_examples::pb::echo::echo_client::EchoClient<rpc_core::Channel>,
