@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::config::Config;
 use crate::engine::wire::{Hello, VERSION};
 use crate::engine::{
-    Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
+    Action, Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
 };
 use crate::error::{Errno, Error};
 use crate::mem::{ConnMemory, PoolSizes};
@@ -36,10 +36,10 @@ fn io_err(verb: &'static str, e: std::io::Error) -> Error {
 
 /// Waits for the next cm event on a non-blocking channel.
 async fn next_event(chan: &Arc<EventChannel>, afd: &CmFd) -> Result<CmEvent, Error> {
+    // Readiness first: the driver rebuilds this future every time it sleeps,
+    // and a try_get on an empty channel costs a syscall (EAGAIN) and an
+    // allocation. Readiness is only cleared after EAGAIN, so no event is missed.
     loop {
-        if let Some(e) = chan.try_get()? {
-            return Ok(e);
-        }
         let mut g = afd.readable().await.map_err(|e| io_err("AsyncFd(cm)", e))?;
         match chan.try_get()? {
             Some(e) => return Ok(e),
@@ -572,6 +572,7 @@ fn spawn_driver(
         close_waiters: Vec::new(),
         peer_gone: false,
         wcs: Vec::with_capacity(64),
+        actions: Vec::with_capacity(64),
     };
     tokio::spawn(d.run());
     Ok(Connection {
@@ -613,6 +614,8 @@ struct Driver {
     close_waiters: Vec<oneshot::Sender<()>>,
     peer_gone: bool,
     wcs: Vec<Wc>,
+    /// Reused buffer for the engine's actions (no allocation per step).
+    actions: Vec<Action>,
 }
 
 impl Driver {
@@ -719,8 +722,10 @@ impl Driver {
     /// Lets the engine post what it can and delivers events.
     fn step(&mut self) -> Result<(), Error> {
         self.engine.progress(&mut self.mem);
-        let actions = self.engine.take_actions();
-        self.mem.execute(&actions)?;
+        self.engine.swap_actions(&mut self.actions);
+        let r = self.mem.execute(&self.actions);
+        self.actions.clear();
+        r?;
         while let Some(e) = self.engine.next_event() {
             let item = match e {
                 Event::Message(b) => Item::Msg(b),

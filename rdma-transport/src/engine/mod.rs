@@ -363,6 +363,14 @@ impl Engine {
         std::mem::take(&mut self.actions)
     }
 
+    /// As [`take_actions`](Self::take_actions), into `buf` (which must be
+    /// empty): both vectors keep their capacity, so a driver that passes the
+    /// same buffer every step allocates nothing.
+    pub fn swap_actions(&mut self, buf: &mut Vec<Action>) {
+        debug_assert!(buf.is_empty());
+        std::mem::swap(buf, &mut self.actions);
+    }
+
     /// Takes the next event.
     pub fn next_event(&mut self) -> Option<Event> {
         self.events.pop_front()
