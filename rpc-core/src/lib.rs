@@ -141,7 +141,9 @@ pub struct SessionConfig {
     pub connection_window: u32,
     /// Largest metadata block (names + values) accepted in one frame (default 16 KiB).
     pub max_metadata_bytes: u32,
-    /// Largest DATA payload per frame sent (default 1 MiB).
+    /// Largest DATA payload per frame sent (default 1 MiB minus the 6-byte
+    /// frame header, so that a full DATA frame is exactly 1 MiB: four whole
+    /// rendezvous buffers of rdma-transport's default 256 KiB, not five).
     pub max_data_frame: usize,
     /// Time allowed for the HELLO exchange (default 5 s).
     pub handshake_timeout: Duration,
@@ -158,7 +160,7 @@ impl Default for SessionConfig {
             initial_window: 4 << 20,
             connection_window: 32 << 20,
             max_metadata_bytes: 16 << 10,
-            max_data_frame: 1 << 20,
+            max_data_frame: (1 << 20) - frame::HEADER_LEN,
             handshake_timeout: Duration::from_secs(5),
             max_batch_bytes: 4096,
         }
