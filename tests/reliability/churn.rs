@@ -1,12 +1,16 @@
-//! Connect/disconnect cycles (RDMA-only channel, one call, drop): resident and
-//! registered (pinned) memory are flat at the end, every cycle made a real
-//! RDMA connection, and the server still works.
-use crate::common::{bounded, echo, pinned_kib, rdma_channel, rdma_host, rss_kib, start_server};
+//! Connect/disconnect cycles (RDMA-only channel, one call, drop): registered
+//! (pinned) memory returns exactly to its level before, live heap and resident
+//! memory stay flat after malloc's warm-up, every cycle made a real RDMA
+//! connection on both sides, and the server still works.
+use crate::common::{
+    bounded, echo, live_heap_bytes, pinned_kib, rdma_channel, rdma_host, rss_kib, start_server,
+};
 use rpc_examples::pb::echo::EchoRequest;
 use std::time::{Duration, Instant};
 
-/// Cycles; `RELIABILITY_CHURN_CYCLES` overrides (see docs/reliability.md).
-const DEFAULT_CYCLES: usize = 1000;
+/// Cycles; `RELIABILITY_CHURN_CYCLES` overrides (see docs/reliability.md for
+/// how the default was chosen to fit the VM's time budget).
+const DEFAULT_CYCLES: usize = 350;
 const WARMUP: usize = 20;
 
 async fn cycle(addr: &str, i: usize) {
@@ -21,6 +25,79 @@ async fn cycle(addr: &str, i: usize) {
     assert_eq!(r.into_inner().message, i.to_string());
 }
 
+/// Waits until every connection's driver released its registered memory.
+async fn settle(pin_limit: u64) -> bool {
+    let ok = rpc_tests::eventually(Duration::from_secs(10), || pinned_kib() <= pin_limit).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ok
+}
+
+struct Figures {
+    cycles: usize,
+    /// VmRSS (KiB) before, every cycles/8, and after settling.
+    rss: Vec<u64>,
+    pin: (u64, u64, u64),
+    heap: (i64, i64),
+    conns: u64,
+    released: bool,
+}
+
+/// Warm-up, then `cycles` cycles against the server at `addr`, measured.
+async fn churn(addr: &str, cycles: usize) -> Figures {
+    let idle_pin = pinned_kib();
+    for i in 0..WARMUP {
+        cycle(addr, i).await;
+    }
+    assert!(
+        settle(idle_pin).await,
+        "registered memory released after the warm-up: VmPin {} KiB, idle {idle_pin} KiB",
+        pinned_kib()
+    );
+    let (pin0, heap0) = (pinned_kib(), live_heap_bytes());
+    let mut rss = vec![rss_kib()];
+    let conns0 = rdma_transport::global_stats().connections;
+    let t0 = Instant::now();
+    let mut peak_pin = pin0;
+    for i in 0..cycles {
+        cycle(addr, i).await;
+        if i % 25 == 0 {
+            peak_pin = peak_pin.max(pinned_kib());
+        }
+        if (i + 1) % (cycles / 8).max(1) == 0 {
+            rss.push(rss_kib());
+        }
+    }
+    let el = t0.elapsed();
+    let conns = rdma_transport::global_stats().connections - conns0;
+    let released = settle(pin0).await;
+    rss.push(rss_kib());
+    let (pin1, heap1) = (pinned_kib(), live_heap_bytes());
+    println!(
+        "  {cycles} cycles in {el:.1?} ({:.1} cycles/s), {conns} RDMA connections established (both sides)",
+        cycles as f64 / el.as_secs_f64()
+    );
+    println!(
+        "  VmPin (registered memory) {pin0} -> {pin1} KiB, peak during the cycles {peak_pin} KiB"
+    );
+    println!(
+        "  live heap {heap0} -> {heap1} bytes ({:+} B, {:+.1} B/cycle)",
+        heap1 - heap0,
+        (heap1 - heap0) as f64 / cycles as f64
+    );
+    println!(
+        "  VmRSS (KiB) before, every {} cycles, after: {rss:?}",
+        (cycles / 8).max(1)
+    );
+    Figures {
+        cycles,
+        rss,
+        pin: (pin0, pin1, peak_pin),
+        heap: (heap0, heap1),
+        conns,
+        released,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_disconnect_churn() {
     let Some(ip) = rdma_host("connect_disconnect_churn") else {
@@ -30,59 +107,75 @@ async fn connect_disconnect_churn() {
         .ok()
         .map(|v| v.parse().expect("RELIABILITY_CHURN_CYCLES is a number"))
         .unwrap_or(DEFAULT_CYCLES);
-    bounded("connect_disconnect_churn", Duration::from_secs(240), async {
+    bounded(
+        "connect_disconnect_churn",
+        Duration::from_secs(240),
+        async {
+            let (server, _stats) = start_server(&ip, 0).await;
+            let addr = server.rdma_addr().unwrap().to_string();
+            let f = churn(&addr, cycles).await;
+            assert_eq!(
+                f.conns,
+                2 * f.cycles as u64,
+                "a client and a server connection per cycle"
+            );
+            assert!(
+                f.released,
+                "registered memory back to {} KiB: VmPin {} KiB",
+                f.pin.0, f.pin.1
+            );
+            assert!(
+                f.pin.2 > f.pin.0,
+                "the cycles did register memory (VmPin moved)"
+            );
+            // A leaked connection would keep ~5 MiB (its four pools) on the heap.
+            let per_cycle = (f.heap.1 - f.heap.0) / f.cycles as i64;
+            assert!(per_cycle < 1024, "live heap grows {per_cycle} B per cycle");
+            // Resident memory: malloc's arenas fill during the first cycles, then flat.
+            let half = f.rss[f.rss.len() / 2];
+            let last = *f.rss.last().unwrap();
+            assert!(
+                last < half + 8 * 1024,
+                "VmRSS still growing in the second half: {:?}",
+                f.rss
+            );
+            cycle(&addr, usize::MAX).await;
+            let heap = live_heap_bytes();
+            server.shutdown().await.unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            println!(
+                "  live heap released by the server's shutdown: {} B",
+                heap - live_heap_bytes()
+            );
+        },
+    )
+    .await;
+}
+
+/// The server keeps ~370 B per connection it ever accepted until it shuts down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: rpc-core's ServingHandle keeps a Weak<Shared> per accepted RDMA connection until shutdown (rdma.rs start_listener pushes into `sessions`, only drained by shutdown/abort): the heap grows ~370 B per connection on a long-running server"]
+async fn churn_server_heap_flat() {
+    let Some(ip) = rdma_host("churn_server_heap_flat") else {
+        return;
+    };
+    bounded("churn_server_heap_flat", Duration::from_secs(120), async {
         let (server, _stats) = start_server(&ip, 0).await;
         let addr = server.rdma_addr().unwrap().to_string();
-        let idle_pin = pinned_kib();
-        for i in 0..WARMUP {
-            cycle(&addr, i).await;
-        }
-        // Teardown of the last connections (both sides) finishes in the background.
-        assert!(
-            rpc_tests::eventually(Duration::from_secs(10), || pinned_kib() <= idle_pin).await,
-            "registered memory released after the warm-up: VmPin {} KiB, idle {idle_pin} KiB",
-            pinned_kib()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let (rss0, pin0) = (rss_kib(), pinned_kib());
-        let conns0 = rdma_transport::global_stats().connections;
-        let t0 = Instant::now();
-        let mut peak_pin = pin0;
-        let mut trajectory = vec![rss0];
-        for i in 0..cycles {
-            cycle(&addr, i).await;
-            if i % 25 == 0 {
-                peak_pin = peak_pin.max(pinned_kib());
-            }
-            if (i + 1) % (cycles / 8).max(1) == 0 {
-                trajectory.push(rss_kib());
-            }
-        }
-        let el = t0.elapsed();
-        let conns = rdma_transport::global_stats().connections - conns0;
-        let released =
-            rpc_tests::eventually(Duration::from_secs(10), || pinned_kib() <= pin0).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let (rss1, pin1) = (rss_kib(), pinned_kib());
-        println!(
-            "  {cycles} cycles in {el:.1?} ({:.1} cycles/s), {conns} RDMA connections established (both sides)",
-            cycles as f64 / el.as_secs_f64()
-        );
-        println!(
-            "  VmRSS {rss0} -> {rss1} KiB ({:+} KiB, {:+.0} B/cycle); VmPin (registered) {pin0} -> {pin1} KiB, peak {peak_pin} KiB",
-            rss1 as i64 - rss0 as i64,
-            (rss1 as f64 - rss0 as f64) * 1024.0 / cycles as f64
-        );
-        println!("  VmRSS every {} cycles (KiB): {trajectory:?}", (cycles / 8).max(1));
-        assert_eq!(conns, 2 * cycles as u64, "a client and a server connection per cycle");
-        assert!(released, "registered memory back to {pin0} KiB: VmPin {pin1} KiB");
-        assert!(
-            rss1 < rss0 + 32 * 1024,
-            "resident memory grew by {} KiB over {cycles} cycles",
-            rss1 - rss0
-        );
-        cycle(&addr, usize::MAX).await;
+        let f = churn(&addr, 100).await;
+        let grown = f.heap.1 - f.heap.0;
+        let heap = live_heap_bytes();
         server.shutdown().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        println!(
+            "  live heap released by the server's shutdown: {} B",
+            heap - live_heap_bytes()
+        );
+        assert!(
+            grown < 64 * f.cycles as i64,
+            "live heap grew {grown} B over {} connect/disconnect cycles with the server running",
+            f.cycles
+        );
     })
     .await;
 }

@@ -6,6 +6,9 @@
 
 mod common;
 
+#[global_allocator]
+static ALLOC: common::CountingAlloc = common::CountingAlloc;
+
 mod churn;
 mod deadline_storm;
 mod load;
