@@ -140,6 +140,7 @@ async fn connect_disconnect_churn() {
                 f.rss
             );
             cycle(&addr, usize::MAX).await;
+            assert!(settle(f.pin.0).await, "last connection torn down");
             let heap = live_heap_bytes();
             server.shutdown().await.unwrap();
             tokio::time::sleep(Duration::from_millis(500)).await;
