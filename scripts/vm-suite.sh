@@ -6,12 +6,18 @@ cd "$(dirname "$0")/.."
 BIN=target/debug
 : "${SOFTROCE_IP:?not inside the Soft-RoCE VM}" "${VERBS_TEST:?}" "${BEHAVIOUR_TEST:?}"
 export RUST_LOG=${RUST_LOG:-warn} RUST_BACKTRACE=1
+# The emulated VM can be slow to set up a connection when the host is busy:
+# give rdma_cm time rather than let a client fall back to TCP.
+export RPC_RDMA_CONNECT_TIMEOUT_MS=${RPC_RDMA_CONNECT_TIMEOUT_MS:-15000}
+LOG=target/vm-suite-logs; mkdir -p "$LOG"
 passed=0; failed=0
-check() { # name, then command; the command's output is kept in $out
+check() { # name, then command; its whole output is kept in $out and in $LOG
   local name=$1; shift
-  local t0=$SECONDS
-  if out=$("$@" 2>&1); then passed=$((passed+1)); echo "vm: ok     $name ($((SECONDS-t0)) s)"
-  else failed=$((failed+1)); echo "vm: FAILED $name ($((SECONDS-t0)) s)"; echo "$out" | tail -40; fi
+  local t0=$SECONDS f="$LOG/check-$((passed+failed)).log"
+  "$@" >"$f" 2>&1; local rc=$?
+  out=$(cat "$f")
+  if [ $rc -eq 0 ]; then passed=$((passed+1)); echo "vm: ok     $name ($((SECONDS-t0)) s)"
+  else failed=$((failed+1)); echo "vm: FAILED $name ($((SECONDS-t0)) s, exit $rc, output in $f):"; tail -40 "$f"; fi
 }
 run() { # name, then command; output streamed
   local name=$1; shift
@@ -45,7 +51,7 @@ timeout 300 $BIN/helloworld-server --addr "$A" >/tmp/hw-server.log 2>&1 &
 srv=$!
 sleep 1
 check "helloworld-client over RDMA prints 'transport: rdma'" \
-  bash -c "timeout 60 $BIN/helloworld-client --addr $A | tee /dev/stderr | grep -qx 'transport: rdma'"
+  bash -c "timeout 60 $BIN/helloworld-client --addr $A > $LOG/hw.out 2>&1; cat $LOG/hw.out; grep -qx 'transport: rdma' $LOG/hw.out"
 check "helloworld-client --transport tcp at the same time as a stock grpcio client" bash -c "
   timeout 60 python3 tests/stock_client/grpcio_hello.py --no-spawn --addr $A --calls 50 & py=\$!
   timeout 60 $BIN/helloworld-client --addr $A --transport tcp | grep -qx 'transport: tcp' || exit 1
@@ -58,7 +64,7 @@ timeout 120 $BIN/helloworld-server --addr "$B" --tcp-only >/dev/null 2>&1 &
 srv=$!
 sleep 1
 check "helloworld-client against a TCP-only server prints the fallback line" \
-  bash -c "timeout 60 $BIN/helloworld-client --addr $B | tee /dev/stderr | grep -q '^transport: tcp (fallback: peer .* does not accept RDMA'"
+  bash -c "timeout 60 $BIN/helloworld-client --addr $B > $LOG/hw-fb.out 2>&1; cat $LOG/hw-fb.out; grep -q '^transport: tcp (fallback: peer .* does not accept RDMA' $LOG/hw-fb.out"
 kill $srv 2>/dev/null; wait $srv 2>/dev/null
 
 C="$SOFTROCE_IP:50053"
@@ -66,10 +72,10 @@ timeout 300 $BIN/routeguide-server --addr "$C" >/dev/null 2>&1 &
 srv=$!
 sleep 1
 check "routeguide-client (all four call kinds) over RDMA" \
-  bash -c "timeout 120 $BIN/routeguide-client --addr $C | tail -3 | tee /dev/stderr | grep -qx 'transport: rdma'"
+  bash -c "timeout 120 $BIN/routeguide-client --addr $C > $LOG/rg.out 2>&1; tail -5 $LOG/rg.out; grep -qx 'transport: rdma' $LOG/rg.out"
 kill $srv 2>/dev/null; wait $srv 2>/dev/null
 
-check "demo over RDMA" bash -c "timeout 300 $BIN/demo --addr $SOFTROCE_IP:0 --calls 50 | grep -E '^(server|client|  [A-Z]|summary)' | tee /dev/stderr | grep -q '^client: transport: rdma'"
+check "demo over RDMA" bash -c "timeout 300 $BIN/demo --addr $SOFTROCE_IP:0 --calls 50 > $LOG/demo.out 2>&1; grep -E '^(server|client|  [A-Z]|summary)|WARN|ERROR|Error' $LOG/demo.out; grep -q '^client: transport: rdma' $LOG/demo.out"
 
 check "benchmark smoke over RDMA (no timings asserted)" \
   timeout 300 $BIN/bench --quick --addr "$SOFTROCE_IP:0" --paths rdma,tcp-fallback,tonic-tcp

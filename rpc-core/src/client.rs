@@ -110,7 +110,7 @@ impl ChannelBuilder {
         self
     }
     /// Time allowed for RDMA address/route resolution and connection before
-    /// falling back to TCP (default 2 s).
+    /// falling back to TCP (default 2 s, or `RPC_RDMA_CONNECT_TIMEOUT_MS`).
     pub fn rdma_connect_timeout(mut self, d: Duration) -> Self {
         self.rdma_connect_timeout = d;
         self
@@ -184,7 +184,10 @@ impl Channel {
             addr: addr.into(),
             transport: None,
             connect_timeout: Duration::from_secs(5),
-            rdma_connect_timeout: Duration::from_secs(2),
+            rdma_connect_timeout: std::env::var(crate::RDMA_CONNECT_TIMEOUT_ENV)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(Duration::from_secs(2), Duration::from_millis),
             session: SessionConfig::default(),
         }
     }

@@ -56,6 +56,10 @@ pub enum Transport {
 /// Environment variable operators set to force a transport: `auto`, `rdma`, `tcp`.
 pub const TRANSPORT_ENV: &str = "RPC_TRANSPORT";
 
+/// Environment variable: default RDMA connection-setup timeout of channels, in
+/// milliseconds (default 2000), before they fall back to TCP.
+pub const RDMA_CONNECT_TIMEOUT_ENV: &str = "RPC_RDMA_CONNECT_TIMEOUT_MS";
+
 impl Transport {
     /// The policy from [`TRANSPORT_ENV`]; `Auto` when unset.
     pub fn from_env() -> Result<Transport, Error> {
