@@ -191,10 +191,7 @@ pub(crate) async fn start_listener(
                             peer: Some(conn.peer_addr()),
                         };
                         match router.start_session(RdmaConnection(conn), info).await {
-                            Ok(s) => sessions
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .push(Arc::downgrade(&s)),
+                            Ok(s) => crate::server::track_session(&sessions, &s),
                             Err(e) => {
                                 tracing::warn!("RDMA session handshake failed: {}", e.message())
                             }

@@ -226,6 +226,14 @@ impl Router {
 
 pub(crate) type Sessions = Arc<Mutex<Vec<std::sync::Weak<Shared>>>>;
 
+/// Remembers a live session for graceful shutdown, forgetting closed ones so
+/// that a long-running server does not grow with every connection it served.
+pub(crate) fn track_session(sessions: &Sessions, s: &Arc<Shared>) {
+    let mut v = sessions.lock().unwrap_or_else(|e| e.into_inner());
+    v.retain(|w| w.strong_count() > 0);
+    v.push(Arc::downgrade(s));
+}
+
 /// A running server (see [`Router::start`]).
 #[derive(Debug)]
 pub struct ServingHandle {
@@ -311,10 +319,7 @@ impl MemoryServer {
         let sessions = self.sessions.clone();
         let server = tokio::spawn(async move {
             let s = router.start_session(b, info).await?;
-            sessions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Arc::downgrade(&s));
+            track_session(&sessions, &s);
             Ok::<_, Status>(())
         });
         let ch =
