@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 const DEFAULT_CYCLES: usize = 350;
 const WARMUP: usize = 20;
 
-async fn cycle(addr: &str, i: usize) {
+/// One connect / call / drop cycle; returns `VmPin` (KiB) while connected.
+async fn cycle(addr: &str, i: usize) -> u64 {
     let ch = rdma_channel(addr).await;
     let r = echo(&ch)
         .unary_echo(EchoRequest {
@@ -23,6 +24,7 @@ async fn cycle(addr: &str, i: usize) {
         .await
         .unwrap_or_else(|e| panic!("call in cycle {i}: {e:?}"));
     assert_eq!(r.into_inner().message, i.to_string());
+    pinned_kib()
 }
 
 /// Waits until every connection's driver released its registered memory.
@@ -58,11 +60,9 @@ async fn churn(addr: &str, cycles: usize) -> Figures {
     let conns0 = rdma_transport::global_stats().connections;
     let t0 = Instant::now();
     let mut peak_pin = pin0;
+    // Peak = the highest VmPin seen while a cycle's connection was up.
     for i in 0..cycles {
-        cycle(addr, i).await;
-        if i % 25 == 0 {
-            peak_pin = peak_pin.max(pinned_kib());
-        }
+        peak_pin = peak_pin.max(cycle(addr, i).await);
         if (i + 1) % (cycles / 8).max(1) == 0 {
             rss.push(rss_kib());
         }

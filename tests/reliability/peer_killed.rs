@@ -258,8 +258,9 @@ async fn client_killed_handlers_cancelled() {
             // go both ways (request, then a 16 MiB reply) on a second connection.
             assert!(
                 rpc_tests::eventually(Duration::from_secs(30), || {
-                    let started = stats.started.load(SeqCst);
+                    // Ended first: a handler may start and end between the loads.
                     let ended = stats.completed.load(SeqCst) + stats.cancelled.load(SeqCst);
+                    let started = stats.started.load(SeqCst);
                     started - ended >= 3 && stats.completed.load(SeqCst) >= 2
                 })
                 .await,
