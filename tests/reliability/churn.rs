@@ -1,6 +1,6 @@
 //! Connect/disconnect cycles (RDMA-only channel, one call, drop): registered
-//! (pinned) memory returns exactly to its level before, live heap and resident
-//! memory stay flat after malloc's warm-up, every cycle made a real RDMA
+//! (pinned) memory returns exactly to its level before, the live heap is flat
+//! (< 64 B per cycle), resident memory stays flat after malloc's warm-up, every cycle made a real RDMA
 //! connection on both sides, and the server still works.
 use crate::common::{
     bounded, echo, live_heap_bytes, pinned_kib, rdma_channel, rdma_host, rss_kib, start_server,
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 /// Cycles; `RELIABILITY_CHURN_CYCLES` overrides (see docs/reliability.md for
 /// how the default was chosen to fit the VM's time budget).
-const DEFAULT_CYCLES: usize = 350;
+const DEFAULT_CYCLES: usize = 300;
 const WARMUP: usize = 20;
 
 /// One connect / call / drop cycle; returns `VmPin` (KiB) while connected.
@@ -128,9 +128,15 @@ async fn connect_disconnect_churn() {
                 f.pin.2 > f.pin.0,
                 "the cycles did register memory (VmPin moved)"
             );
-            // A leaked connection would keep ~5 MiB (its four pools) on the heap.
-            let per_cycle = (f.heap.1 - f.heap.0) / f.cycles as i64;
-            assert!(per_cycle < 1024, "live heap grows {per_cycle} B per cycle");
+            // A leaked connection would keep ~5 MiB (its four pools) on the heap;
+            // before rpc-core 80c8afa the server kept ~380 B per connection it had
+            // ever accepted (a Weak<Shared> in its session list).
+            let grown = f.heap.1 - f.heap.0;
+            assert!(
+                grown < 64 * f.cycles as i64,
+                "live heap grew {grown} B over {} connect/disconnect cycles",
+                f.cycles
+            );
             // Resident memory: malloc's arenas fill during the first cycles, then flat.
             let half = f.rss[f.rss.len() / 2];
             let last = *f.rss.last().unwrap();
@@ -150,33 +156,5 @@ async fn connect_disconnect_churn() {
             );
         },
     )
-    .await;
-}
-
-/// The server keeps ~370 B per connection it ever accepted until it shuts down.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: rpc-core's ServingHandle keeps a Weak<Shared> per accepted RDMA connection until shutdown (rdma.rs start_listener pushes into `sessions`, only drained by shutdown/abort): the heap grows ~370 B per connection on a long-running server"]
-async fn churn_server_heap_flat() {
-    let Some(ip) = rdma_host("churn_server_heap_flat") else {
-        return;
-    };
-    bounded("churn_server_heap_flat", Duration::from_secs(120), async {
-        let (server, _stats) = start_server(&ip, 0).await;
-        let addr = server.rdma_addr().unwrap().to_string();
-        let f = churn(&addr, 100).await;
-        let grown = f.heap.1 - f.heap.0;
-        let heap = live_heap_bytes();
-        server.shutdown().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        println!(
-            "  live heap released by the server's shutdown: {} B",
-            heap - live_heap_bytes()
-        );
-        assert!(
-            grown < 64 * f.cycles as i64,
-            "live heap grew {grown} B over {} connect/disconnect cycles with the server running",
-            f.cycles
-        );
-    })
     .await;
 }

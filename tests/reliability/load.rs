@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 /// Calls made; `RELIABILITY_LOAD_CALLS` overrides (see docs/reliability.md for
 /// how the default was chosen to fit the VM's time budget).
-const DEFAULT_CALLS: usize = 20_000;
+const DEFAULT_CALLS: usize = 15_000;
 const CONNECTIONS: usize = 8;
 const TASKS_PER_CONNECTION: usize = 8;
 /// One call in this many is large (64 KiB – 1 MiB).
