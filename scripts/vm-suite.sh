@@ -4,7 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/debug
-: "${SOFTROCE_IP:?not inside the Soft-RoCE VM}" "${VERBS_TEST:?}" "${BEHAVIOUR_TEST:?}"
+: "${SOFTROCE_IP:?not inside the Soft-RoCE VM}" "${VERBS_TEST:?}" "${BEHAVIOUR_TEST:?}" "${RELIABILITY_TEST:?}"
 export RUST_LOG=${RUST_LOG:-warn} RUST_BACKTRACE=1
 # The emulated VM can be slow to set up a connection when the host is busy:
 # give rdma_cm time rather than let a client fall back to TCP.
@@ -44,6 +44,9 @@ run "behaviour suite over RDMA (all call kinds, 64 MiB, 1000 calls, deadlines, c
   quiet timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --test-threads=1
 run "transport selection (WRITE path, mixed clients, fallback, reconnect)" \
   timeout 300 "$BEHAVIOUR_TEST" transports --test-threads=1
+
+run "reliability (peer killed, server restart, deadline storm, slow consumer, load, churn)" \
+  timeout 600 "$RELIABILITY_TEST" --test-threads=1 --nocapture
 
 # The examples, as a user runs them.
 A="$SOFTROCE_IP:50051"
