@@ -45,3 +45,10 @@ pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
 pub fn global_stats() -> StatsSnapshot {
     stats::GLOBAL.snapshot()
 }
+
+/// Bytes of memory registered with RDMA devices by this process right now
+/// (all live connections; a closed connection's regions are deregistered
+/// during its teardown). Bounded by `Config::global_max_registered_bytes`.
+pub fn registered_bytes() -> usize {
+    mem::REGISTERED_BYTES.load(std::sync::atomic::Ordering::SeqCst)
+}
