@@ -1,0 +1,236 @@
+//! rdma-transport's protocol engine driven by random operation sequences, with
+//! a hostile peer: arbitrary bytes land in our receive slots (forged headers,
+//! credits, rendezvous notifications) and in our rendezvous buffers, completions
+//! arrive in any order with any wr_id. The engine may fail the connection, but
+//! never panics, never asks to post outside its own buffers, and never RDMA
+//! WRITEs outside the region the peer advertised.
+#![no_main]
+use bytes::Bytes;
+use libfuzzer_sys::fuzz_target;
+use rdma_transport::engine::wire::{Hello, VERSION};
+use rdma_transport::engine::{sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event};
+use std::collections::VecDeque;
+
+const SLOTS: u32 = 8;
+const SLOT: usize = 256;
+const RDV_COUNT: u32 = 4;
+const RDV_BYTES: usize = 4096;
+const PEER_RDV_ADDR: u64 = 0x7000_0000;
+const PEER_RKEY: u32 = 0x1234;
+const MAX_MESSAGE: usize = 64 << 10;
+
+struct Mem {
+    recv: Vec<u8>,
+    send: Vec<u8>,
+    rdv: Vec<u8>,
+    staging: Vec<u8>,
+}
+
+impl Buffers for Mem {
+    fn recv_slot(&self, i: u32) -> &[u8] {
+        &self.recv[i as usize * SLOT..(i as usize + 1) * SLOT]
+    }
+    fn send_slot(&mut self, i: u32) -> &mut [u8] {
+        &mut self.send[i as usize * SLOT..(i as usize + 1) * SLOT]
+    }
+    fn rdv_buf(&self, i: u32) -> &[u8] {
+        &self.rdv[i as usize * RDV_BYTES..(i as usize + 1) * RDV_BYTES]
+    }
+    fn staging(&mut self, i: u32) -> &mut [u8] {
+        &mut self.staging[i as usize * RDV_BYTES..(i as usize + 1) * RDV_BYTES]
+    }
+}
+
+struct Input<'a>(&'a [u8]);
+impl Input<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let (b, rest) = self.0.split_first()?;
+        self.0 = rest;
+        Some(*b)
+    }
+    fn take(&mut self, n: usize) -> &[u8] {
+        let n = n.min(self.0.len());
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        a
+    }
+    fn u64(&mut self) -> u64 {
+        let mut v = [0u8; 8];
+        let t = self.take(8);
+        v[..t.len()].copy_from_slice(t);
+        u64::from_le_bytes(v)
+    }
+}
+
+/// Checks every action against the local and the advertised bounds.
+fn drain(e: &mut Engine, posted: &mut VecDeque<u64>, sq: &mut VecDeque<u64>) {
+    for a in e.take_actions() {
+        match a {
+            Action::PostRecv { slot, wr_id } => {
+                assert!(slot < SLOTS, "receive slot {slot} out of range");
+                posted.push_back(wr_id);
+            }
+            Action::PostSend {
+                slot, len, wr_id, ..
+            } => {
+                assert!(slot < SLOTS && len <= SLOT, "send slot {slot} len {len}");
+                sq.push_back(wr_id);
+            }
+            Action::PostWrite {
+                staging,
+                len,
+                remote_addr,
+                rkey,
+                wr_id,
+                ..
+            } => {
+                assert!(
+                    staging < RDV_COUNT && len <= RDV_BYTES,
+                    "staging {staging} len {len}"
+                );
+                assert_eq!(
+                    rkey, PEER_RKEY,
+                    "WRITE with an rkey the peer never advertised"
+                );
+                let end = PEER_RDV_ADDR + u64::from(RDV_COUNT) * RDV_BYTES as u64;
+                assert!(
+                    remote_addr >= PEER_RDV_ADDR && remote_addr + len as u64 <= end,
+                    "WRITE of {len} bytes at {remote_addr:#x} outside the advertised region"
+                );
+                sq.push_back(wr_id);
+            }
+        }
+    }
+    while let Some(ev) = e.next_event() {
+        if let Event::Message(m) = ev {
+            assert!(
+                m.len() <= MAX_MESSAGE,
+                "message of {} bytes over the limit",
+                m.len()
+            );
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let peer = Hello {
+        version: VERSION,
+        flags: 0,
+        credits: SLOTS,
+        recv_slot_bytes: SLOT as u32,
+        rdv_count: RDV_COUNT,
+        rdv_bytes: RDV_BYTES as u32,
+        rdv_addr: PEER_RDV_ADDR,
+        rdv_rkey: PEER_RKEY,
+        max_message: MAX_MESSAGE as u64,
+    };
+    let mut e = Engine::new(EngineConfig {
+        recv_slots: SLOTS,
+        recv_slot_bytes: SLOT,
+        send_slots: SLOTS,
+        send_slot_bytes: SLOT,
+        rendezvous_threshold: 128,
+        rdv_count: RDV_COUNT,
+        rdv_bytes: RDV_BYTES,
+        rdv_addr: 0x1000_0000,
+        staging_count: RDV_COUNT,
+        staging_bytes: RDV_BYTES,
+        max_message: MAX_MESSAGE,
+        signal_every: 4,
+        max_inline: 64,
+        peer,
+    });
+    let mut mem = Mem {
+        recv: vec![0; SLOTS as usize * SLOT],
+        send: vec![0; SLOTS as usize * SLOT],
+        rdv: vec![0; RDV_COUNT as usize * RDV_BYTES],
+        staging: vec![0; RDV_COUNT as usize * RDV_BYTES],
+    };
+    let mut posted = VecDeque::new();
+    let mut sq = VecDeque::new();
+    let mut seq = 0u64;
+    drain(&mut e, &mut posted, &mut sq);
+    let mut input = Input(data);
+    while let Some(op) = input.byte() {
+        let r = match op % 6 {
+            // The peer SENDs: arbitrary bytes land in the next posted receive.
+            0 => {
+                let Some(wr_id) = posted.pop_front() else {
+                    continue;
+                };
+                let len = input.byte().unwrap_or(0) as usize % (SLOT + 1);
+                let slot = (wr_id & 0xffff_ffff) as usize;
+                let bytes = input.take(len).to_vec();
+                mem.recv[slot * SLOT..slot * SLOT + bytes.len()].copy_from_slice(&bytes);
+                e.on_completion(
+                    Completion {
+                        wr_id,
+                        ok: true,
+                        status: 0,
+                        byte_len: len as u32,
+                    },
+                    &mem,
+                )
+            }
+            // The peer RDMA-WRITEs arbitrary bytes into our rendezvous region.
+            1 => {
+                let off = input.byte().unwrap_or(0) as usize * 64 % mem.rdv.len();
+                let bytes = input.take(64).to_vec();
+                let n = bytes.len().min(mem.rdv.len() - off);
+                mem.rdv[off..off + n].copy_from_slice(&bytes[..n]);
+                Ok(())
+            }
+            // The application sends a message (eager or rendezvous).
+            2 => {
+                let len = (input.byte().unwrap_or(0) as usize) * 97 % (16 << 10);
+                e.submit(Bytes::from(vec![0xAB; len]));
+                Ok(())
+            }
+            // The oldest send-queue work request completes.
+            3 => match sq.pop_front() {
+                Some(wr_id) => e.on_completion(
+                    Completion {
+                        wr_id,
+                        ok: true,
+                        status: 0,
+                        byte_len: 0,
+                    },
+                    &mem,
+                ),
+                None => Ok(()),
+            },
+            // A completion with an arbitrary wr_id and status.
+            4 => {
+                let wr_id = input.u64();
+                let ok = input.byte().unwrap_or(0) & 1 == 0;
+                e.on_completion(
+                    Completion {
+                        wr_id,
+                        ok,
+                        status: 5,
+                        byte_len: input.byte().unwrap_or(0) as u32,
+                    },
+                    &mem,
+                )
+            }
+            // A send-queue completion for a sequence number never posted.
+            _ => {
+                seq = seq.wrapping_add(input.u64() % 1000);
+                e.on_completion(
+                    Completion {
+                        wr_id: sq_wr_id(seq),
+                        ok: true,
+                        status: 0,
+                        byte_len: 0,
+                    },
+                    &mem,
+                )
+            }
+        };
+        if r.is_err() {
+            return; // the connection is closed with a protocol or completion error
+        }
+        e.progress(&mut mem);
+        drain(&mut e, &mut posted, &mut sq);
+    }
+});
