@@ -48,11 +48,21 @@ run "transport selection (WRITE path, mixed clients, fallback, reconnect)" \
 run "reliability (peer killed, server restart, deadline storm, slow consumer, load, churn)" \
   timeout 600 "$RELIABILITY_TEST" --test-threads=1 --nocapture
 
+# Waits until a server accepts TCP connections on HOST:PORT (up to 60 s).
+wait_port() {
+  local i
+  for i in $(seq 1 120); do
+    (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null && return 0
+    sleep 0.5
+  done
+  echo "vm: server on $1 did not come up"; return 1
+}
+
 # The examples, as a user runs them.
 A="$SOFTROCE_IP:50051"
 timeout 300 $BIN/helloworld-server --addr "$A" >/tmp/hw-server.log 2>&1 &
 srv=$!
-sleep 1
+wait_port "$A"
 check "helloworld-client over RDMA prints 'transport: rdma'" \
   bash -c "timeout 60 $BIN/helloworld-client --addr $A > $LOG/hw.out 2>&1; cat $LOG/hw.out; grep -qx 'transport: rdma' $LOG/hw.out"
 check "helloworld-client --transport tcp at the same time as a stock grpcio client" bash -c "
@@ -65,7 +75,7 @@ kill $srv 2>/dev/null; wait $srv 2>/dev/null
 B="$SOFTROCE_IP:50052"
 timeout 120 $BIN/helloworld-server --addr "$B" --tcp-only >/dev/null 2>&1 &
 srv=$!
-sleep 1
+wait_port "$B"
 check "helloworld-client against a TCP-only server prints the fallback line" \
   bash -c "timeout 60 $BIN/helloworld-client --addr $B > $LOG/hw-fb.out 2>&1; cat $LOG/hw-fb.out; grep -q '^transport: tcp (fallback: peer .* does not accept RDMA' $LOG/hw-fb.out"
 kill $srv 2>/dev/null; wait $srv 2>/dev/null
@@ -73,7 +83,7 @@ kill $srv 2>/dev/null; wait $srv 2>/dev/null
 C="$SOFTROCE_IP:50053"
 timeout 300 $BIN/routeguide-server --addr "$C" >/dev/null 2>&1 &
 srv=$!
-sleep 1
+wait_port "$C"
 check "routeguide-client (all four call kinds) over RDMA" \
   bash -c "timeout 120 $BIN/routeguide-client --addr $C > $LOG/rg.out 2>&1; tail -5 $LOG/rg.out; grep -qx 'transport: rdma' $LOG/rg.out"
 kill $srv 2>/dev/null; wait $srv 2>/dev/null

@@ -123,14 +123,41 @@ impl Router {
     /// Binds and starts serving in the background; the handle tells the bound
     /// address (useful with port 0) and shuts the server down.
     pub async fn start(self, addr: SocketAddr) -> Result<ServingHandle, Error> {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
+        // Bind TCP first (port 0 picks the port both transports use), set up
+        // the RDMA listener on that port, and only then listen on TCP: once
+        // the TCP port answers, a client's RDMA attempt finds its listener too.
+        let socket = if addr.is_ipv4() {
+            tokio::net::TcpSocket::new_v4()
+        } else {
+            tokio::net::TcpSocket::new_v6()
+        }
+        .map_err(|e| Error::Serve(format!("TCP socket for {addr}: {e}")))?;
+        socket.set_reuseaddr(true)?;
+        socket
+            .bind(addr)
             .map_err(|e| Error::Serve(format!("binding TCP {addr}: {e}")))?;
-        let local = listener.local_addr()?;
+        let local = socket.local_addr()?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut tasks = JoinSet::new();
 
+        let sessions: Sessions = Arc::new(Mutex::new(Vec::new()));
+        let rdma = if self.server.tcp_only {
+            None
+        } else {
+            crate::rdma::start_listener(
+                local,
+                self.clone(),
+                sessions.clone(),
+                stop_rx.clone(),
+                &mut tasks,
+            )
+            .await
+        };
+
         // HTTP/2 on TCP: tonic's own transport, the same routes.
+        let listener = socket
+            .listen(1024)
+            .map_err(|e| Error::Serve(format!("listening on TCP {local}: {e}")))?;
         let mut tonic_server = tonic::transport::Server::builder();
         if let Some(l) = self.server.concurrency_limit {
             tonic_server = tonic_server.concurrency_limit_per_connection(l);
@@ -148,20 +175,6 @@ impl Router {
                 .await
                 .map_err(|e| Error::Serve(format!("TCP: {}", crate::client::error_chain(&e))))
         });
-
-        let sessions: Sessions = Arc::new(Mutex::new(Vec::new()));
-        let rdma = if self.server.tcp_only {
-            None
-        } else {
-            crate::rdma::start_listener(
-                local,
-                self.clone(),
-                sessions.clone(),
-                stop_rx.clone(),
-                &mut tasks,
-            )
-            .await
-        };
         tracing::info!(addr = %local, rdma = rdma.is_some(), "serving");
         Ok(ServingHandle {
             local,
