@@ -13,7 +13,12 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(f) = decode(bytes::Bytes::copy_from_slice(data), &limits) {
         match f {
-            Frame::Open { metadata, stream, path, .. } => {
+            Frame::Open {
+                metadata,
+                stream,
+                path,
+                ..
+            } => {
                 assert!(metadata_bytes(&metadata) <= LIMIT);
                 assert_ne!(stream, 0);
                 assert!(path.starts_with('/'));
@@ -22,7 +27,9 @@ fuzz_target!(|data: &[u8]| {
                 assert!(metadata_bytes(&metadata) <= LIMIT);
                 assert_ne!(stream, 0);
             }
-            Frame::Data { data: d, stream, .. } => {
+            Frame::Data {
+                data: d, stream, ..
+            } => {
                 assert_ne!(stream, 0);
                 assert!(d.len() <= data.len());
             }

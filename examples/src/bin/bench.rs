@@ -179,7 +179,7 @@ struct Usage {
 }
 
 /// CPU time and context switches of the whole process, summed over its
-/// threads from /proc (no `unsafe` outside rdma-transport): `schedstat`'s
+/// threads from /proc (plain file reads: FFI stays in rdma-transport): `schedstat`'s
 /// time on CPU (ns) and `status`' voluntary + involuntary switches.
 /// Threads that exited during a cell are not counted (tokio's workers live on).
 fn usage() -> Usage {
