@@ -58,6 +58,18 @@ struct StreamEntry {
     handler: Option<tokio::task::AbortHandle>,
 }
 
+impl StreamEntry {
+    /// Ends a call that was removed from the map: its reader sees `status`,
+    /// its sender stops, its handler (server side) is cancelled.
+    fn abort(self, status: Status) {
+        let _ = self.inbound.send(Inbound::Reset(status.clone()));
+        self.window.close(status);
+        if let Some(h) = self.handler {
+            h.abort();
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     streams: HashMap<u32, StreamEntry>,
@@ -388,11 +400,7 @@ impl Shared {
             std::mem::take(&mut s.streams)
         };
         for (_, e) in streams {
-            let _ = e.inbound.send(Inbound::Reset(status.clone()));
-            e.window.close(status.clone());
-            if let Some(h) = e.handler {
-                h.abort();
-            }
+            e.abort(status.clone());
         }
         self.call_permits.close();
         self.out_budget.close();
@@ -470,11 +478,7 @@ impl Shared {
                 status.code() as u32,
                 status.message(),
             ));
-            let _ = e.inbound.send(Inbound::Reset(status.clone()));
-            e.window.close(status);
-            if let Some(h) = e.handler {
-                h.abort();
-            }
+            e.abort(status);
         }
     }
 
@@ -693,12 +697,7 @@ impl Shared {
                     e
                 };
                 if let Some(e) = entry {
-                    let status = Status::new(Code::from_i32(code as i32), message);
-                    let _ = e.inbound.send(Inbound::Reset(status.clone()));
-                    e.window.close(status);
-                    if let Some(h) = e.handler {
-                        h.abort();
-                    }
+                    e.abort(Status::new(Code::from_i32(code as i32), message));
                 }
             }
             Frame::WindowUpdate {
@@ -731,8 +730,7 @@ impl Shared {
                 for id in doomed {
                     let status = Status::unavailable(format!("server went away: {message}"));
                     if let Some(e) = lock(&self.state).streams.remove(&id) {
-                        let _ = e.inbound.send(Inbound::Reset(status.clone()));
-                        e.window.close(status);
+                        e.abort(status);
                     }
                 }
                 self.changed.notify_waiters();
