@@ -494,6 +494,16 @@ impl Engine {
                 self.owed_data += 1;
             }
         }
+        // §4.2: every SEND consumed a credit we granted. Slots received but
+        // not yet returned can exceed the ring only if the peer sent without
+        // a credit (it cannot hold credits we have not returned yet).
+        if self.owed_total >= self.cfg.recv_slots {
+            return Self::proto(format!(
+                "peer sent without credit: {} messages received beyond the {} receive credits granted",
+                self.owed_total + 1 - self.cfg.recv_slots,
+                self.cfg.recv_slots
+            ));
+        }
         // §4.3: repost immediately; the credit becomes returnable.
         let g = (gen + 1) & 0xff_ffff;
         self.recv_gen[slot as usize] = g;

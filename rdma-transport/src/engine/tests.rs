@@ -687,6 +687,31 @@ fn reused_rendezvous_buffer_rejected() {
 }
 
 #[test]
+fn send_without_credit_rejected() {
+    // The ring has `slots` receive buffers: the peer holds exactly that many
+    // credits until we return some. One more SEND is a violation (§4.2),
+    // even though the slot it landed in had already been reposted.
+    let (mut e, mut m, p) = receiver();
+    for i in 0..p.slots {
+        inject(&mut e, &mut m, i, 0, Header::new(Kind::Credit), &[]).unwrap();
+    }
+    let r = inject(&mut e, &mut m, 0, 1, Header::new(Kind::Credit), &[]);
+    assert!(
+        matches!(&r, Err(EngineError::Protocol(m)) if m.contains("without credit")),
+        "{r:?}"
+    );
+    // Once the returns went out (a CREDIT message), the peer may send again.
+    let (mut e, mut m, p) = receiver();
+    for i in 0..p.slots {
+        inject(&mut e, &mut m, i, 0, Header::new(Kind::Credit), &[]).unwrap();
+    }
+    e.progress(&mut m);
+    let sent = e.take_actions();
+    assert!(sent.iter().any(|a| matches!(a, Action::PostSend { .. })));
+    inject(&mut e, &mut m, 0, 1, Header::new(Kind::Credit), &[]).unwrap();
+}
+
+#[test]
 fn failed_completion_is_error() {
     let (mut e, m, _) = receiver();
     let r = e.on_completion(
