@@ -32,7 +32,7 @@ step "fuzz smoke (every target, 10 s each)" ./scripts/fuzz.sh 10
 # Test binaries that need a device, built above; found by target name.
 bins=$(cargo test --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
-want = {"verbs": "VERBS_TEST", "behaviour": "BEHAVIOUR_TEST", "reliability": "RELIABILITY_TEST"}
+want = {"verbs": "VERBS_TEST", "hostile": "HOSTILE_TEST", "behaviour": "BEHAVIOUR_TEST", "reliability": "RELIABILITY_TEST"}
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -42,14 +42,14 @@ for line in sys.stdin:
         print(want[m["target"]["name"]] + "=" + m["executable"])
 ')
 [ -n "$bins" ] && export $bins
-if [ -z "${VERBS_TEST:-}" ] || [ -z "${BEHAVIOUR_TEST:-}" ] || [ -z "${RELIABILITY_TEST:-}" ]; then
+if [ -z "${VERBS_TEST:-}" ] || [ -z "${HOSTILE_TEST:-}" ] || [ -z "${BEHAVIOUR_TEST:-}" ] || [ -z "${RELIABILITY_TEST:-}" ]; then
   failed=$((failed+1)); failures+=("locating device test binaries"); echo "could not find test binaries: $bins"
 elif [ ! -x "$SOFTROCE" ]; then
   failed=$((failed+1)); failures+=("Soft-RoCE VM"); echo "missing $SOFTROCE (set SOFTROCE_SCRIPT)"
 else
   # SoftiWARP too (iWARP: no WRITE_WITH_IMM, rdma_cm over real TCP ports), in the same boot.
   step "Soft-RoCE VM suite (one boot)" env VERBS_TEST="$VERBS_TEST" BEHAVIOUR_TEST="$BEHAVIOUR_TEST" \
-    RELIABILITY_TEST="$RELIABILITY_TEST" \
+    RELIABILITY_TEST="$RELIABILITY_TEST" HOSTILE_TEST="$HOSTILE_TEST" \
     SOFTROCE_VM_SIW=${SOFTROCE_VM_SIW:-1} \
     SOFTROCE_VM_TIMEOUT=${SOFTROCE_VM_TIMEOUT:-1800} "$SOFTROCE" "$ROOT/scripts/vm-suite.sh"
 fi

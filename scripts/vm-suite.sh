@@ -4,7 +4,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=target/debug
-: "${SOFTROCE_IP:?not inside the Soft-RoCE VM}" "${VERBS_TEST:?}" "${BEHAVIOUR_TEST:?}" "${RELIABILITY_TEST:?}"
+: "${SOFTROCE_IP:?not inside the Soft-RoCE VM}" "${VERBS_TEST:?}" "${BEHAVIOUR_TEST:?}" "${RELIABILITY_TEST:?}" "${HOSTILE_TEST:?}"
 export RUST_LOG=${RUST_LOG:-warn} RUST_BACKTRACE=1
 # The emulated VM can be slow to set up a connection when the host is busy:
 # give rdma_cm time rather than let a client fall back to TCP.
@@ -37,6 +37,8 @@ if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
   run "rdma-transport on verbs over iWARP (SoftiWARP siw0)" \
     env SOFTROCE_IP="$SOFTROCE_SIW_IP" timeout 600 "$VERBS_TEST" --test-threads=1
 fi
+run "hostile RDMA peer on a real QP (no credit, forged notifications, WRITEs outside the region, foreign and dead rkeys)" \
+  timeout 300 "$HOSTILE_TEST" --test-threads=1 --nocapture
 check "rdma_pingpong example (rdma-transport API, both ends in one process)" \
   timeout 120 target/debug/examples/rdma_pingpong --loopback "$SOFTROCE_IP"
 echo "$out" | tail -3

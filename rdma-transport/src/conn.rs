@@ -24,7 +24,7 @@ use crate::verbs::{async_fd, CompChannel, Cq, FdOwner, Pd, Qp, Wc};
 /// IBV_WC_WR_FLUSH_ERR
 const WC_FLUSH_ERR: u32 = 5;
 
-type CmFd = AsyncFd<FdOwner<EventChannel>>;
+pub(crate) type CmFd = AsyncFd<FdOwner<EventChannel>>;
 type CqFd = AsyncFd<FdOwner<Cq>>;
 
 fn io_err(verb: &'static str, e: std::io::Error) -> Error {
@@ -75,10 +75,10 @@ fn status_text(status: i32) -> String {
 }
 
 /// Verbs resources of one connection before the driver starts.
-struct Resources {
-    cq: Arc<Cq>,
-    mem: ConnMemory,
-    hello: Hello,
+pub(crate) struct Resources {
+    pub(crate) mem: ConnMemory,
+    pub(crate) cq: Arc<Cq>,
+    pub(crate) hello: Hello,
 }
 
 fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
@@ -154,6 +154,42 @@ fn ms(d: Duration) -> i32 {
 
 /// Connects to a [`Listener`] at `addr` (§2.3, active side).
 pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error> {
+    let h = handshake(addr, cfg, |_| {}).await?;
+    let ecfg = engine_config(cfg, &h.res, h.peer_hello);
+    let mut engine = Engine::new(ecfg);
+    let _already_posted = engine.take_actions();
+    // §2.3: the active side sends first (iWARP requirement).
+    engine.send_initial_credit();
+    spawn_driver(
+        h.chan,
+        h.afd,
+        h.id,
+        h.res,
+        engine,
+        cfg.clone(),
+        h.peer,
+        h.peer_hello,
+    )
+}
+
+/// An established active-side connection before anything was sent on it.
+pub(crate) struct Handshake {
+    // afd before chan/id: deregistered before the fd is closed.
+    pub(crate) afd: CmFd,
+    pub(crate) res: Resources,
+    pub(crate) id: Arc<CmId>,
+    pub(crate) chan: Arc<EventChannel>,
+    pub(crate) peer: SocketAddr,
+    pub(crate) peer_hello: Hello,
+}
+
+/// §2.3 steps 1-4, active side. `edit_hello` may change the hello we send
+/// (only the hostile test peer does, see `crate::testing`).
+pub(crate) async fn handshake(
+    addr: SocketAddr,
+    cfg: &Config,
+    edit_hello: impl FnOnce(&mut Hello),
+) -> Result<Handshake, Error> {
     cfg.validate()?;
     let chan = EventChannel::new()?;
     let afd = async_fd(chan.clone())?;
@@ -201,7 +237,8 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
         }
     }
     let id = Arc::new(id);
-    let res = build_resources(&id, cfg)?;
+    let mut res = build_resources(&id, cfg)?;
+    edit_hello(&mut res.hello);
     // §2.3 step 3: connect with our hello as private data.
     // rdma_connect blocks on iWARP (siw does a synchronous kernel TCP
     // connect, ~2 min to a dead host), so it runs on the blocking pool and
@@ -269,12 +306,14 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
         }
     };
     let peer = id.peer_addr().unwrap_or(addr);
-    let ecfg = engine_config(cfg, &res, peer_hello);
-    let mut engine = Engine::new(ecfg);
-    let _already_posted = engine.take_actions();
-    // §2.3: the active side sends first (iWARP requirement).
-    engine.send_initial_credit();
-    spawn_driver(chan, afd, id, res, engine, cfg.clone(), peer, peer_hello)
+    Ok(Handshake {
+        afd,
+        res,
+        id,
+        chan,
+        peer,
+        peer_hello,
+    })
 }
 
 /// Accepts RDMA connections (§2.3, passive side).

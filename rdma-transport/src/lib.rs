@@ -18,6 +18,8 @@ pub mod engine;
 mod error;
 mod mem;
 mod stats;
+#[cfg(feature = "test-util")]
+pub mod testing;
 mod verbs;
 
 pub use config::Config;

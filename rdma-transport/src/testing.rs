@@ -1,0 +1,296 @@
+//! A deliberately misbehaving peer for tests (feature `test-util`).
+//!
+//! [`RawPeer`] sets up a real RC connection to a [`crate::Listener`] exactly
+//! as [`crate::connect`] does (§2.3), but then hands the queue pair to the
+//! test instead of to the protocol engine: the test writes SEND headers
+//! itself and RDMA-WRITEs to any address and rkey it likes. It is how the
+//! device tests check that a peer breaking the protocol of
+//! `docs/wire-protocol-rdma.md` (sending without credit, naming rendezvous
+//! buffers it was never given, writing outside them, forging rkeys) gets its
+//! connection closed with an error while nothing else is touched.
+//!
+//! It is safe code on top of the crate's bounds-checked memory pools: one
+//! work request is outstanding at a time and every buffer is reused only
+//! after its completion was polled, like the real driver (§7).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rdma_sys::rdma_cm_event_type as ev;
+
+use crate::config::Config;
+use crate::conn::{handshake, Handshake};
+use crate::engine::wire::{Header, Hello, Kind, HDR_LEN};
+use crate::engine::{recv_wr_id, sq_wr_id, Action, Buffers, WR_RECV};
+use crate::error::Error;
+use crate::verbs::{Cq, Wc};
+
+/// How long [`RawPeer`] waits for one of its own work completions.
+const OP_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Outcome of one work request posted by a [`RawPeer`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WcStatus {
+    /// Raw `ibv_wc_status` (0 = success, 10 = remote access error, 5 = flushed...).
+    pub status: u32,
+    /// `ibv_wc_status_str` of it.
+    pub text: String,
+}
+
+impl WcStatus {
+    /// `IBV_WC_SUCCESS`.
+    pub fn ok(&self) -> bool {
+        self.status == 0
+    }
+}
+
+/// `IBV_WC_REM_ACCESS_ERR`: the peer's NIC refused an RDMA access (bad rkey,
+/// or an address outside the region the rkey covers).
+pub const WC_REM_ACCESS_ERR: u32 = 10;
+
+/// A connected RC queue pair driven by hand (see the module docs).
+pub struct RawPeer {
+    hs: Handshake,
+    cfg: Config,
+    next_seq: u64,
+    next_slot: u32,
+    received: VecDeque<Vec<u8>>,
+    sq_done: VecDeque<Wc>,
+    disconnected: bool,
+    wcs: Vec<Wc>,
+}
+
+impl std::fmt::Debug for RawPeer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawPeer")
+            .field("peer", &self.hs.peer)
+            .field("peer_hello", &self.hs.peer_hello)
+            .finish()
+    }
+}
+
+impl RawPeer {
+    /// Connects like [`crate::connect`]; `edit_hello` may change the hello
+    /// sent to the listener (e.g. advertise fewer credits or a bogus
+    /// rendezvous region). Nothing is sent yet: the passive side waits for
+    /// the first message (§2.3).
+    pub async fn connect(
+        addr: SocketAddr,
+        cfg: &Config,
+        edit_hello: impl FnOnce(&mut Hello),
+    ) -> Result<RawPeer, Error> {
+        let hs = handshake(addr, cfg, edit_hello).await?;
+        Ok(RawPeer {
+            hs,
+            cfg: cfg.clone(),
+            next_seq: 0,
+            next_slot: 0,
+            received: VecDeque::new(),
+            sq_done: VecDeque::new(),
+            disconnected: false,
+            wcs: Vec::with_capacity(32),
+        })
+    }
+
+    /// The listener's hello: its credits and its advertised rendezvous region.
+    pub fn peer_hello(&self) -> Hello {
+        self.hs.peer_hello
+    }
+
+    /// Our address as the listener sees it (`Connection::peer_addr` there).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.hs.id.local_addr()
+    }
+
+    /// The hello this peer sent.
+    pub fn local_hello(&self) -> Hello {
+        self.hs.res.hello
+    }
+
+    /// SENDs `bytes` as they are (the caller builds the §3 header) and waits
+    /// for the completion. `Err` only for local failures; a refused or
+    /// flushed SEND is a non-OK [`WcStatus`].
+    pub async fn send_raw(&mut self, bytes: &[u8]) -> Result<WcStatus, Error> {
+        let slot_bytes = self.cfg.recv_slot_bytes;
+        if bytes.len() > slot_bytes {
+            return Err(Error::MessageTooLarge {
+                len: bytes.len(),
+                max: slot_bytes,
+            });
+        }
+        let slot = self.next_slot;
+        self.next_slot = (slot + 1) % self.cfg.send_slots;
+        self.hs.res.mem.send_slot(slot)[..bytes.len()].copy_from_slice(bytes);
+        let wr_id = sq_wr_id(self.next_seq);
+        self.next_seq += 1;
+        self.hs.res.mem.execute(&[Action::PostSend {
+            slot,
+            len: bytes.len(),
+            wr_id,
+            signaled: true,
+            inline: false,
+        }])?;
+        self.wait_for(wr_id).await
+    }
+
+    /// SENDs a header-only message of `kind` built by `edit` (§3.1).
+    pub async fn send_header(
+        &mut self,
+        kind: Kind,
+        edit: impl FnOnce(&mut Header),
+    ) -> Result<WcStatus, Error> {
+        let mut h = Header::new(kind);
+        edit(&mut h);
+        let mut b = [0u8; HDR_LEN];
+        h.encode(&mut b);
+        self.send_raw(&b).await
+    }
+
+    /// RDMA-WRITEs `data` to (`remote_addr`, `rkey`), whatever they are, and
+    /// waits for the completion.
+    pub async fn write(
+        &mut self,
+        data: &[u8],
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<WcStatus, Error> {
+        if data.len() > self.cfg.rendezvous_buffer_bytes {
+            return Err(Error::MessageTooLarge {
+                len: data.len(),
+                max: self.cfg.rendezvous_buffer_bytes,
+            });
+        }
+        self.hs.res.mem.staging(0)[..data.len()].copy_from_slice(data);
+        let wr_id = sq_wr_id(self.next_seq);
+        self.next_seq += 1;
+        self.hs.res.mem.execute(&[Action::PostWrite {
+            staging: 0,
+            len: data.len(),
+            remote_addr,
+            rkey,
+            wr_id,
+            signaled: true,
+        }])?;
+        self.wait_for(wr_id).await
+    }
+
+    /// The next SEND received from the listener (header included), or `None`
+    /// when nothing arrives within `limit` or the connection is gone.
+    pub async fn recv(&mut self, limit: Duration) -> Result<Option<Vec<u8>>, Error> {
+        let end = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(m) = self.received.pop_front() {
+                return Ok(Some(m));
+            }
+            if self.disconnected {
+                return Ok(None);
+            }
+            let n = self.poll()?;
+            self.check_cm()?;
+            if n > 0 {
+                continue;
+            }
+            if tokio::time::Instant::now() >= end {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Waits up to `limit` for the listener to end the connection (an
+    /// rdma_cm DISCONNECTED event, or our receives being flushed because the
+    /// QP went to the error state). Returns whether it did.
+    pub async fn wait_disconnected(&mut self, limit: Duration) -> Result<bool, Error> {
+        let end = tokio::time::Instant::now() + limit;
+        loop {
+            self.poll()?;
+            self.check_cm()?;
+            if self.disconnected {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= end {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// Polls the CQ once; receives are copied out and reposted. Returns how
+    /// many completions were seen. Send-queue completions are kept in
+    /// `sq_done` for `wait_for`.
+    fn poll(&mut self) -> Result<usize, Error> {
+        self.wcs.clear();
+        let n = self.hs.res.cq.poll(&mut self.wcs, 32)?;
+        for i in 0..n {
+            let wc = self.wcs[i];
+            if wc.wr_id >> 56 == WR_RECV {
+                if wc.status != 0 {
+                    // Flushed: the QP is in the error state.
+                    self.disconnected = true;
+                    continue;
+                }
+                let slot = (wc.wr_id & 0xffff_ffff) as u32;
+                let len = (wc.byte_len as usize).min(self.cfg.recv_slot_bytes);
+                self.received
+                    .push_back(self.hs.res.mem.recv_slot(slot)[..len].to_vec());
+                self.hs.res.mem.execute(&[Action::PostRecv {
+                    slot,
+                    wr_id: recv_wr_id(slot, 0),
+                }])?;
+            } else {
+                self.sq_done.push_back(wc);
+            }
+        }
+        Ok(n)
+    }
+
+    fn check_cm(&mut self) -> Result<(), Error> {
+        while let Some(e) = self.hs.chan.try_get()? {
+            if matches!(
+                e.kind,
+                ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL
+            ) {
+                // Answer the DREQ: our QP goes to the error state, so work
+                // still posted completes (flushed) instead of retrying.
+                if !self.disconnected {
+                    let _ = self.hs.id.disconnect();
+                }
+                self.disconnected = true;
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_for(&mut self, wr_id: u64) -> Result<WcStatus, Error> {
+        let end = tokio::time::Instant::now() + OP_TIMEOUT;
+        loop {
+            if let Some(i) = self.sq_done.iter().position(|w| w.wr_id == wr_id) {
+                let wc = self.sq_done.remove(i).expect("index from position");
+                self.sq_done.clear();
+                return Ok(WcStatus {
+                    status: wc.status,
+                    text: Cq::status_str(wc.status),
+                });
+            }
+            if tokio::time::Instant::now() >= end {
+                return Err(Error::Timeout {
+                    stage: "raw peer work completion",
+                });
+            }
+            if self.poll()? == 0 {
+                self.check_cm()?;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+}
+
+impl Drop for RawPeer {
+    fn drop(&mut self) {
+        let _ = self.hs.id.disconnect();
+        // The QP goes before the memory it may still access (ConnMemory
+        // destroys it first), then the CQ, the cm_id and the channel.
+        self.hs.res.mem.destroy_qp();
+    }
+}

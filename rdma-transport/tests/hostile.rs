@@ -1,0 +1,562 @@
+//! Device tests: a peer that breaks the RDMA wire protocol on purpose, over a
+//! real queue pair ([`RawPeer`]), against a real [`Listener`] running an echo
+//! service. Each violation must end that connection with an error naming it
+//! (never a panic, never a write outside what was advertised), the NIC must
+//! refuse every RDMA WRITE outside the advertised buffers or with another
+//! connection's (or a closed connection's) rkey, and a well-behaved
+//! connection to the same listener must keep working throughout.
+//!
+//! Like `verbs.rs`: without a device they print `SKIP`, unless
+//! `SOFTROCE_IN_VM=1` / `RDMA_TEST_REQUIRE_DEVICE=1` says one is expected.
+//! Section numbers refer to `docs/wire-protocol-rdma.md`.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use rdma_transport::engine::wire::{Header, Hello, Kind, FLAG_LAST, HDR_LEN};
+use rdma_transport::testing::{RawPeer, WC_REM_ACCESS_ERR};
+use rdma_transport::{connect, devices, Config, Error, Listener};
+
+fn required() -> bool {
+    std::env::var("SOFTROCE_IN_VM").as_deref() == Ok("1")
+        || std::env::var("RDMA_TEST_REQUIRE_DEVICE").as_deref() == Ok("1")
+}
+
+fn device_ip(test: &str) -> Option<IpAddr> {
+    let reason = match devices() {
+        Ok(d) if d.is_empty() => "devices() is empty".to_string(),
+        Ok(_) => match std::env::var("SOFTROCE_IP").or_else(|_| std::env::var("RDMA_TEST_IP")) {
+            Ok(ip) => return Some(ip.parse().expect("SOFTROCE_IP/RDMA_TEST_IP must be an IP")),
+            Err(_) => "SOFTROCE_IP / RDMA_TEST_IP not set".to_string(),
+        },
+        Err(e) => format!("devices() failed: {e}"),
+    };
+    if required() {
+        panic!("{test}: RDMA device required but unavailable: {reason}");
+    }
+    println!("SKIP {test}: no RDMA device ({reason})");
+    None
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// How each connection the listener accepted ended.
+#[derive(Debug, Clone)]
+enum Outcome {
+    /// The peer closed cleanly.
+    Clean,
+    /// The connection failed.
+    Failed(Error),
+}
+
+/// A listener echoing every message back, recording how each connection ended.
+struct EchoServer {
+    addr: SocketAddr,
+    outcomes: Arc<Mutex<HashMap<SocketAddr, Outcome>>>,
+    rejected: Arc<Mutex<Vec<Error>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EchoServer {
+    async fn start(ip: IpAddr, cfg: Config) -> EchoServer {
+        let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg)
+            .await
+            .expect("bind");
+        let addr = l.local_addr();
+        let outcomes = Arc::new(Mutex::new(HashMap::new()));
+        let rejected = Arc::new(Mutex::new(Vec::new()));
+        let (o, r) = (outcomes.clone(), rejected.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let c = match l.accept().await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        r.lock().unwrap().push(e);
+                        continue;
+                    }
+                };
+                let o = o.clone();
+                tokio::spawn(async move {
+                    let peer = c.peer_addr();
+                    let (mut tx, mut rx) = c.split();
+                    let end = loop {
+                        match rx.recv().await {
+                            Ok(Some(m)) => {
+                                if let Err(e) = tx.send(m).await {
+                                    break Outcome::Failed(e);
+                                }
+                            }
+                            Ok(None) => {
+                                tx.close().await;
+                                break Outcome::Clean;
+                            }
+                            Err(e) => break Outcome::Failed(e),
+                        }
+                    };
+                    o.lock().unwrap().insert(peer, end);
+                });
+            }
+        });
+        EchoServer {
+            addr,
+            outcomes,
+            rejected,
+            task,
+        }
+    }
+
+    /// Waits (up to 10 s) for the connection from `peer` to end.
+    async fn outcome(&self, peer: SocketAddr) -> Outcome {
+        for _ in 0..1000 {
+            if let Some(o) = self.outcomes.lock().unwrap().get(&peer) {
+                return o.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "the listener's connection from {peer} did not end within 10 s; ended: {:?}",
+            self.outcomes.lock().unwrap()
+        );
+    }
+
+    /// Asserts the connection from `peer` failed with a protocol error
+    /// containing `what`.
+    async fn expect_protocol_error(&self, peer: SocketAddr, what: &str, case: &str) {
+        match self.outcome(peer).await {
+            Outcome::Failed(Error::Protocol(m)) => {
+                assert!(
+                    m.contains(what),
+                    "{case}: error {m:?} does not name {what:?}"
+                );
+                println!("{case}: listener closed the connection: protocol error: {m}");
+            }
+            o => panic!("{case}: expected a protocol error naming {what:?}, got {o:?}"),
+        }
+    }
+
+    /// A well-behaved client on its own connection: small and rendezvous
+    /// messages come back intact.
+    async fn others_still_work(&self, case: &str) {
+        let c = connect(self.addr, &Config::default())
+            .await
+            .unwrap_or_else(|e| panic!("{case}: a good client cannot connect: {e}"));
+        let (mut tx, mut rx) = c.split();
+        for (i, len) in [0usize, 100, 5000, 1 << 20].into_iter().enumerate() {
+            let m = Bytes::from(pattern(i as u64 + 7, len));
+            tx.send(m.clone()).await.expect("good client send");
+            let got = rx.recv().await.expect("good client recv").expect("echo");
+            assert!(got == m, "{case}: echo of {len} bytes corrupted");
+        }
+        tx.close().await;
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A raw connection that already sent the active side's first message (§2.3).
+async fn raw(server: &EchoServer, edit: impl FnOnce(&mut Hello)) -> (RawPeer, SocketAddr) {
+    let mut p = RawPeer::connect(server.addr, &Config::default(), edit)
+        .await
+        .expect("raw peer connects");
+    let me = p.local_addr().expect("raw peer address");
+    let st = p.send_header(Kind::Credit, |_| {}).await.expect("post");
+    assert!(st.ok(), "first CREDIT message: {st:?}");
+    (p, me)
+}
+
+fn buffer_addr(h: &Hello, i: u32) -> u64 {
+    h.rdv_addr + i as u64 * h.rdv_bytes as u64
+}
+
+/// A CHUNK notification for buffer `idx` (§5.2), as an honest sender would build it.
+fn chunk(h: &Hello, idx: u32, len: u32, total: u64, last: bool) -> impl FnOnce(&mut Header) {
+    let addr = buffer_addr(h, idx);
+    move |c: &mut Header| {
+        c.rdv_index = idx;
+        c.len = len;
+        c.total_len = total;
+        c.addr = addr;
+        if last {
+            c.flags |= FLAG_LAST;
+        }
+    }
+}
+
+async fn within<F: std::future::Future<Output = ()>>(secs: u64, what: &str, f: F) {
+    tokio::time::timeout(Duration::from_secs(secs), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not finish within {secs} s"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sending_without_credit_closes_the_connection() {
+    let Some(ip) = device_ip("sending_without_credit_closes_the_connection") else {
+        return;
+    };
+    within(120, "send without credit", async {
+        let server = EchoServer::start(ip, Config::default()).await;
+        // We advertise only 4 credits and never return any, so the listener
+        // can return its receive credits at most 4 times; then we keep
+        // sending as if we had credits (§4.2).
+        let (mut p, me) = raw(&server, |h| h.credits = 4).await;
+        let ring = p.peer_hello().credits as u64;
+        let mut sent = 1u64; // the first CREDIT message
+        let mut returned = 0u64;
+        let mut refused = None;
+        while sent < 10 * ring {
+            while let Some(m) = p.recv(Duration::ZERO).await.unwrap() {
+                returned += Header::decode(&m).expect("listener header").credit_return as u64;
+            }
+            let st = p.send_header(Kind::Credit, |_| {}).await.unwrap();
+            if !st.ok() {
+                refused = Some(st);
+                break;
+            }
+            sent += 1;
+            if p.wait_disconnected(Duration::ZERO).await.unwrap() {
+                break;
+            }
+        }
+        println!(
+            "sent {sent} SENDs on {ring} initial credits + {returned} returned; \
+             then: {refused:?}"
+        );
+        assert!(
+            sent > ring + returned,
+            "the peer did overrun its credits ({sent} > {ring} + {returned})"
+        );
+        server
+            .expect_protocol_error(me, "without credit", "send without credit")
+            .await;
+        assert!(
+            p.wait_disconnected(Duration::from_secs(10)).await.unwrap(),
+            "the listener disconnected the offender"
+        );
+        server.others_still_work("send without credit").await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_rendezvous_notifications_close_the_connection() {
+    let Some(ip) = device_ip("forged_rendezvous_notifications_close_the_connection") else {
+        return;
+    };
+    within(240, "forged notifications", async {
+        let server = EchoServer::start(ip, Config::default()).await;
+        // (case, what the listener's error must name)
+        let cases: [(&str, &str); 8] = [
+            (
+                "CHUNK names a buffer never advertised",
+                "unknown rendezvous buffer",
+            ),
+            ("CHUNK longer than its buffer", "out of bounds"),
+            (
+                "CHUNK at an address that is not its buffer",
+                "is not buffer",
+            ),
+            ("CHUNK out of round-robin order", "not granted"),
+            (
+                "CHUNK repeated for a buffer already consumed",
+                "not granted",
+            ),
+            ("CHUNK with a payload", "with payload"),
+            (
+                "more credits returned than ever granted",
+                "too many credits",
+            ),
+            ("CLOSE_SEEN for a CLOSE never sent", "never sent"),
+        ];
+        for (i, (case, what)) in cases.into_iter().enumerate() {
+            let (mut p, me) = raw(&server, |_| {}).await;
+            let h = p.peer_hello();
+            let n = h.rdv_count;
+            let b = h.rdv_bytes;
+            // A real 4 KiB WRITE into buffer 0 first, as an honest sender does.
+            let data = pattern(i as u64, 4096);
+            let st = p
+                .write(&data, buffer_addr(&h, 0), h.rdv_rkey)
+                .await
+                .unwrap();
+            assert!(st.ok(), "{case}: honest WRITE into buffer 0: {st:?}");
+            let st = match i {
+                0 => p.send_header(Kind::Chunk, chunk(&h, n, 16, 16, true)).await,
+                1 => {
+                    p.send_header(Kind::Chunk, chunk(&h, 0, b + 1, 2 * b as u64, false))
+                        .await
+                }
+                2 => {
+                    let mut c = Header::new(Kind::Chunk);
+                    chunk(&h, 0, 16, 16, true)(&mut c);
+                    c.addr += 8;
+                    let mut raw = [0u8; HDR_LEN];
+                    c.encode(&mut raw);
+                    p.send_raw(&raw).await
+                }
+                3 => p.send_header(Kind::Chunk, chunk(&h, 1, 16, 16, true)).await,
+                4 => {
+                    let st = p
+                        .send_header(Kind::Chunk, chunk(&h, 0, 4096, 8192, false))
+                        .await
+                        .unwrap();
+                    assert!(st.ok());
+                    p.send_header(Kind::Chunk, chunk(&h, 0, 4096, 8192, true))
+                        .await
+                }
+                5 => {
+                    let mut c = Header::new(Kind::Chunk);
+                    chunk(&h, 0, 16, 16, true)(&mut c);
+                    let mut raw = vec![0u8; HDR_LEN + 8];
+                    c.encode(&mut raw);
+                    p.send_raw(&raw).await
+                }
+                6 => p.send_header(Kind::Credit, |c| c.credit_return = 1).await,
+                _ => {
+                    p.send_header(Kind::Credit, |c| c.flags = 2 /* CLOSE_SEEN */)
+                        .await
+                }
+            }
+            .unwrap();
+            println!("{case}: SEND completed with {:?}", st.text);
+            server.expect_protocol_error(me, what, case).await;
+            assert!(
+                p.wait_disconnected(Duration::from_secs(10)).await.unwrap(),
+                "{case}: the listener disconnected the offender"
+            );
+        }
+        server.others_still_work("forged notifications").await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_nic_refuses_writes_outside_the_advertised_region() {
+    let Some(ip) = device_ip("the_nic_refuses_writes_outside_the_advertised_region") else {
+        return;
+    };
+    within(120, "writes outside the region", async {
+        let server = EchoServer::start(ip, Config::default()).await;
+        let cases = ["straddling the end", "just before the start", "forged rkey"];
+        for case in cases {
+            let (mut p, me) = raw(&server, |_| {}).await;
+            let h = p.peer_hello();
+            let end = buffer_addr(&h, h.rdv_count);
+            let (addr, rkey) = match case {
+                "straddling the end" => (end - 8, h.rdv_rkey),
+                "just before the start" => (h.rdv_addr - 16, h.rdv_rkey),
+                _ => (h.rdv_addr, h.rdv_rkey ^ 0x5a5a_0000),
+            };
+            let st = p.write(&[0xEE; 16], addr, rkey).await.unwrap();
+            println!("WRITE {case} ({addr:#x}, rkey {rkey:#x}): {}", st.text);
+            assert_eq!(st.status, WC_REM_ACCESS_ERR, "{case}: {st:?}");
+            // The listener's side of that QP is dead too: it must end with an
+            // error, never as a clean close.
+            match server.outcome(me).await {
+                Outcome::Failed(e) => println!("{case}: listener side ended with: {e}"),
+                o => panic!("{case}: listener side ended {o:?}"),
+            }
+        }
+        server.others_still_work("writes outside the region").await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rkeys_work_only_on_their_own_live_connection() {
+    let Some(ip) = device_ip("rkeys_work_only_on_their_own_live_connection") else {
+        return;
+    };
+    within(120, "rkey isolation", async {
+        let server = EchoServer::start(ip, Config::default()).await;
+        // A: the victim. It learns its region (address + rkey) from the
+        // listener; the attacker is assumed to know them too.
+        let (mut a, a_addr) = raw(&server, |_| {}).await;
+        let ha = a.peer_hello();
+        // B, another connection to the same listener, writes with A's rkey.
+        let (mut b, b_addr) = raw(&server, |_| {}).await;
+        let st = b
+            .write(&[0xEE; 64], ha.rdv_addr, ha.rdv_rkey)
+            .await
+            .unwrap();
+        println!("B writes into A's buffer 0 with A's rkey: {}", st.text);
+        assert_eq!(st.status, WC_REM_ACCESS_ERR, "{st:?}");
+        assert!(matches!(server.outcome(b_addr).await, Outcome::Failed(_)));
+        // A is untouched: a 4 KiB message through buffer 0 echoes back intact.
+        let msg = pattern(99, 4096);
+        let st = a.write(&msg, ha.rdv_addr, ha.rdv_rkey).await.unwrap();
+        assert!(st.ok(), "{st:?}");
+        let st = a
+            .send_header(Kind::Chunk, chunk(&ha, 0, 4096, 4096, true))
+            .await
+            .unwrap();
+        assert!(st.ok(), "{st:?}");
+        // The listener returns buffer 0 (a CREDIT message), then echoes.
+        let echo = loop {
+            let m = a
+                .recv(Duration::from_secs(10))
+                .await
+                .unwrap()
+                .expect("A's message echoed back");
+            if Header::decode(&m).unwrap().kind == Kind::Eager {
+                break m;
+            }
+        };
+        assert!(
+            echo[HDR_LEN..] == msg[..],
+            "A's data intact after B's attempt"
+        );
+        // A closes; then C, a new connection, tries A's (now dead) rkey.
+        drop(a);
+        let ended = server.outcome(a_addr).await;
+        println!("A ended: {ended:?}");
+        // Let the listener finish A's teardown (QP destroyed, region deregistered).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (mut c, c_addr) = raw(&server, |_| {}).await;
+        let st = c
+            .write(&[0xEE; 64], ha.rdv_addr, ha.rdv_rkey)
+            .await
+            .unwrap();
+        println!("C writes with closed A's rkey: {}", st.text);
+        assert_eq!(st.status, WC_REM_ACCESS_ERR, "{st:?}");
+        assert!(matches!(server.outcome(c_addr).await, Outcome::Failed(_)));
+        server.others_still_work("rkey isolation").await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_never_returns_credits_gets_no_more_sends() {
+    let Some(ip) = device_ip("a_peer_that_never_returns_credits_gets_no_more_sends") else {
+        return;
+    };
+    within(120, "credit starvation", async {
+        let server = EchoServer::start(ip, Config::default()).await;
+        let credits = 4u16;
+        let (mut p, me) = raw(&server, |h| h.credits = credits as u32).await;
+        // 20 eager messages, returning none of the listener's credits.
+        for i in 0..20u8 {
+            let mut m = vec![0u8; HDR_LEN + 100];
+            let mut h = Header::new(Kind::Eager);
+            h.len = 100;
+            h.encode(&mut m);
+            m[HDR_LEN..].fill(i);
+            assert!(p.send_raw(&m).await.unwrap().ok());
+        }
+        let mut got = vec![];
+        while let Some(m) = p.recv(Duration::from_secs(2)).await.unwrap() {
+            got.push(Header::decode(&m).unwrap().kind);
+        }
+        println!(
+            "listener sent {} SENDs on {credits} credits: {got:?}",
+            got.len()
+        );
+        assert!(!got.is_empty(), "the listener used its credits");
+        assert!(
+            got.len() <= credits as usize,
+            "the listener sent {} SENDs on {credits} credits",
+            got.len()
+        );
+        // §4.3: the last credit is reserved for credit returns, never data.
+        let data = got.iter().filter(|k| **k == Kind::Eager).count();
+        assert!(data < credits as usize, "{data} data SENDs");
+        assert!(
+            server.outcomes.lock().unwrap().get(&me).is_none(),
+            "the listener waits; it does not drop a slow peer"
+        );
+        server.others_still_work("credit starvation").await;
+        // Returning exactly the credits it used lets the echoes flow again
+        // (no deadlock; returning more would itself be a violation).
+        let mut consumed = got.len() as u16;
+        let mut echoed = data;
+        for _ in 0..40 {
+            if echoed == 20 {
+                break;
+            }
+            let st = p
+                .send_header(Kind::Credit, |c| c.credit_return = consumed)
+                .await
+                .unwrap();
+            assert!(st.ok(), "{st:?}");
+            consumed = 0;
+            while let Some(m) = p.recv(Duration::from_millis(500)).await.unwrap() {
+                consumed += 1;
+                if Header::decode(&m).unwrap().kind == Kind::Eager {
+                    echoed += 1;
+                }
+            }
+            assert!(consumed <= credits, "{consumed} SENDs on {credits} credits");
+        }
+        assert_eq!(echoed, 20, "all 20 echoes arrive once credits come back");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_hello_is_refused_or_fails_only_that_connection() {
+    let Some(ip) = device_ip("a_lying_hello_is_refused_or_fails_only_that_connection") else {
+        return;
+    };
+    within(120, "lying hello", async {
+        let server = EchoServer::start(ip, Config::default()).await;
+        // An out-of-range hello is refused at connect time (§2.2).
+        let r = RawPeer::connect(server.addr, &Config::default(), |h| h.credits = 1_000_000).await;
+        let e = r.expect_err("a hello claiming 10^6 credits must be refused");
+        println!("hello with 10^6 credits: {e}");
+        assert!(matches!(e, Error::Rejected { .. }), "{e:?}");
+        for _ in 0..500 {
+            if !server.rejected.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let rej = server.rejected.lock().unwrap().clone();
+        assert!(
+            matches!(rej.as_slice(), [Error::Protocol(m)] if m.contains("credit")),
+            "{rej:?}"
+        );
+        // A well-formed hello advertising a region the peer does not own:
+        // the listener's rendezvous WRITE of an 8 KiB echo is refused by the
+        // peer's NIC, and only that connection fails.
+        let (mut p, me) = raw(&server, |h| h.rdv_rkey ^= 0x5a5a_0000).await;
+        let h = p.peer_hello();
+        let msg = pattern(5, 8192);
+        for (i, part) in msg.chunks(4096).enumerate() {
+            let st = p
+                .write(part, buffer_addr(&h, i as u32), h.rdv_rkey)
+                .await
+                .unwrap();
+            assert!(st.ok(), "{st:?}");
+            let st = p
+                .send_header(Kind::Chunk, chunk(&h, i as u32, 4096, 8192, i == 1))
+                .await
+                .unwrap();
+            assert!(st.ok(), "{st:?}");
+        }
+        match server.outcome(me).await {
+            Outcome::Failed(e @ Error::Completion { .. }) => {
+                println!("listener's WRITE into the forged region: {e}");
+                assert!(e.to_string().contains("access"), "{e}");
+            }
+            o => panic!("expected the listener's WRITE to fail, got {o:?}"),
+        }
+        server.others_still_work("lying hello").await;
+    })
+    .await;
+}
