@@ -1,11 +1,15 @@
-//! A peer that speaks the call protocol wrongly on purpose (over the in-memory
-//! connection, driven frame by frame): each misbehaviour gets a clear error and
-//! the connection is closed, or the call rejected with the right status, while
-//! other connections to the same server keep working.
+//! A peer that speaks the call protocol wrongly on purpose, driven frame by
+//! frame, over the in-memory connection and over a real RDMA connection to a
+//! server's rdma_cm listener (in the VM): each misbehaviour gets a clear error
+//! and the connection is closed, or the call rejected with the right status,
+//! while other connections to the same server keep working. Violations of the
+//! RDMA wire protocol itself (credits, rendezvous notifications, rkeys) are in
+//! `rdma-transport/tests/hostile.rs`.
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use rpc_core::conn::{mem, Connection, FrameReceiver, FrameSender};
 use rpc_core::frame::{self, DecodeLimits, Frame, Hello};
+use rpc_core::rdma::{RdmaConnection, RdmaReceiver, RdmaSender};
 use rpc_core::{ConnInfo, Router, TransportKind};
 use rpc_examples::pb::echo::{echo_client::EchoClient, EchoRequest};
 use std::sync::Arc;
@@ -16,47 +20,156 @@ const LIM: DecodeLimits = DecodeLimits {
     max_metadata_bytes: 1 << 20,
 };
 
+/// The raw peer's link to the server: the in-memory pair, or a real
+/// rdma-transport connection to the server's RDMA listener (a well-formed
+/// transport carrying a call protocol that is wrong on purpose).
+enum Link {
+    Mem(mem::MemSender, mem::MemReceiver),
+    Rdma(RdmaSender, RdmaReceiver),
+}
+
 struct RawPeer {
-    tx: mem::MemSender,
-    rx: mem::MemReceiver,
+    link: Link,
     server_hello: Hello,
 }
 
-impl RawPeer {
-    async fn connect(router: &Router) -> RawPeer {
-        let (a, b) = mem::pair();
-        let info = ConnInfo {
-            transport: TransportKind::Memory,
-            peer: None,
+/// Where the server under attack runs.
+#[derive(Clone, Copy, Debug)]
+enum Over {
+    Memory,
+    Rdma,
+}
+
+/// The server under attack: `router` on the in-memory transport, or a real
+/// server with an RDMA listener (in the VM).
+struct Harness {
+    router: Router,
+    memory: Option<rpc_core::MemoryServer>,
+    net: Option<rpc_core::ServingHandle>,
+}
+
+impl Harness {
+    /// `None` (the test is skipped, with a printed reason) when `over` is
+    /// RDMA and this host has no device, unless one is required.
+    async fn start(over: Over, router: Router) -> Option<Harness> {
+        match over {
+            Over::Memory => Some(Harness {
+                memory: Some(router.clone().into_memory()),
+                router,
+                net: None,
+            }),
+            Over::Rdma => {
+                let Some(ip) = rpc_tests::rdma_ip() else {
+                    assert!(
+                        !rpc_tests::device_required(),
+                        "an RDMA device is required but SOFTROCE_IP / RDMA_TEST_IP is not set"
+                    );
+                    println!("SKIP: no RDMA test address (SOFTROCE_IP / RDMA_TEST_IP unset)");
+                    return None;
+                };
+                let h = router
+                    .clone()
+                    .start(format!("{ip}:0").parse().unwrap())
+                    .await
+                    .expect("server starts");
+                if h.rdma_addr().is_none() {
+                    assert!(
+                        !rpc_tests::device_required(),
+                        "an RDMA device is required but the server has no RDMA listener"
+                    );
+                    println!("SKIP: no RDMA device for {ip}");
+                    return None;
+                }
+                Some(Harness {
+                    router,
+                    memory: None,
+                    net: Some(h),
+                })
+            }
+        }
+    }
+
+    async fn raw_peer(&self) -> RawPeer {
+        let mut link = match &self.net {
+            None => {
+                let (a, b) = mem::pair();
+                let info = ConnInfo {
+                    transport: TransportKind::Memory,
+                    peer: None,
+                };
+                let r = self.router.clone();
+                tokio::spawn(async move { r.serve_connection(b, info).await });
+                let (tx, rx) = a.split();
+                Link::Mem(tx, rx)
+            }
+            Some(h) => {
+                let c = rdma_transport::connect(
+                    h.rdma_addr().unwrap(),
+                    &rdma_transport::Config::default(),
+                )
+                .await
+                .expect("RDMA connection to the server");
+                let (tx, rx) = RdmaConnection(c).split();
+                Link::Rdma(tx, rx)
+            }
         };
-        let r = router.clone();
-        let server = tokio::spawn(async move { r.serve_connection(b, info).await });
-        let (mut tx, mut rx) = a.split();
-        tx.send(frame::encode_hello(&Hello {
+        let hello = frame::encode_hello(&Hello {
             version: frame::PROTOCOL_VERSION,
             features: 0,
             max_concurrent_calls: 100,
             initial_window: 1 << 20,
             max_metadata_bytes: 16 << 10,
             connection_window: 1 << 30,
-        }))
-        .await
-        .unwrap();
-        let first = rx.recv().await.unwrap().unwrap();
-        server.await.unwrap().unwrap();
+        });
+        link.send(hello).await.unwrap();
+        let first = link.recv().await.unwrap().unwrap();
         let Frame::Hello(server_hello) = frame::decode(first, &LIM).unwrap() else {
             panic!("HELLO first")
         };
-        RawPeer {
-            tx,
-            rx,
-            server_hello,
-        }
+        RawPeer { link, server_hello }
     }
 
+    /// A well-behaved client on another connection still gets answers.
+    async fn others_still_work(&self) {
+        let ch = match (&self.memory, &self.net) {
+            (Some(m), _) => m.channel().await.unwrap(),
+            (_, Some(h)) => rpc_core::Channel::builder(h.rdma_addr().unwrap().to_string())
+                .transport(rpc_core::Transport::RdmaOnly)
+                .connect()
+                .await
+                .expect("a good client connects over RDMA"),
+            _ => unreachable!("a harness has a server"),
+        };
+        let r = EchoClient::new(ch)
+            .unary_echo(EchoRequest {
+                message: "fine".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(r.into_inner().message, "fine");
+    }
+}
+
+impl Link {
+    async fn send(&mut self, f: Bytes) -> std::io::Result<()> {
+        match self {
+            Link::Mem(tx, _) => tx.send(f).await,
+            Link::Rdma(tx, _) => tx.send(f).await,
+        }
+    }
+    async fn recv(&mut self) -> std::io::Result<Option<Bytes>> {
+        match self {
+            Link::Mem(_, rx) => rx.recv().await,
+            Link::Rdma(_, rx) => rx.recv().await,
+        }
+    }
+}
+
+impl RawPeer {
     async fn send(&mut self, f: Bytes) {
         // The server may already have closed: that is what some tests expect.
-        let _ = self.tx.send(f).await;
+        let _ = self.link.send(f).await;
     }
 
     /// Frames until the server closes the connection (or `limit` passes).
@@ -64,7 +177,7 @@ impl RawPeer {
         let mut out = vec![];
         let end = tokio::time::Instant::now() + limit;
         loop {
-            match tokio::time::timeout_at(end, self.rx.recv()).await {
+            match tokio::time::timeout_at(end, self.link.recv()).await {
                 Ok(Ok(Some(b))) => {
                     out.push(frame::decode(b, &LIM).expect("server frames are well-formed"))
                 }
@@ -74,6 +187,38 @@ impl RawPeer {
         }
     }
 }
+
+/// One test per transport (memory, RDMA) for a hostile-peer `async fn(Over)`.
+macro_rules! over_memory_and_rdma {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() {
+                let t = std::time::Duration::from_secs(60);
+                tokio::time::timeout(t, super::$name(super::Over::Memory))
+                    .await
+                    .expect("finished within 60 s")
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rdma() {
+                let t = std::time::Duration::from_secs(120);
+                tokio::time::timeout(t, super::$name(super::Over::Rdma))
+                    .await
+                    .expect("finished within 120 s")
+            }
+        }
+    )*};
+}
+
+over_memory_and_rdma!(
+    malformed_frame_closes_the_connection,
+    data_beyond_the_window_closes_the_connection,
+    reused_or_decreasing_call_ids_close_the_connection,
+    more_calls_than_allowed_are_rejected,
+    oversized_metadata_closes_the_connection,
+    a_peer_that_never_returns_credit_gets_no_more_than_its_window,
+    client_disconnect_cancels_its_handlers,
+);
 
 fn grpc_message(req: &EchoRequest) -> Bytes {
     let body = req.encode_to_vec();
@@ -97,35 +242,25 @@ fn goaway_code(frames: &[Frame]) -> Option<u32> {
     })
 }
 
-/// A well-behaved client on another connection still gets answers.
-async fn others_still_work(server: &rpc_core::MemoryServer) {
-    let ch = server.channel().await.unwrap();
-    let r = EchoClient::new(ch)
-        .unary_echo(EchoRequest {
-            message: "fine".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(r.into_inner().message, "fine");
-}
-
-fn setup(limit: Option<usize>) -> (Router, rpc_core::MemoryServer) {
-    let stats = Arc::new(Default::default());
+fn echo_router(limit: Option<usize>, stats: Arc<rpc_examples::echo::EchoStats>) -> Router {
     let mut b = rpc_core::Server::builder();
     if let Some(l) = limit {
         b = b.concurrency_limit_per_connection(l);
     }
-    let router = b.add_service(rpc_examples::pb::echo::echo_server::EchoServer::new(
+    b.add_service(rpc_examples::pb::echo::echo_server::EchoServer::new(
         rpc_examples::echo::EchoService { stats },
-    ));
-    (router.clone(), router.into_memory())
+    ))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn malformed_frame_closes_the_connection() {
-    let (router, server) = setup(None);
-    let mut p = RawPeer::connect(&router).await;
+async fn setup(over: Over, limit: Option<usize>) -> Option<Harness> {
+    Harness::start(over, echo_router(limit, Arc::new(Default::default()))).await
+}
+
+async fn malformed_frame_closes_the_connection(over: Over) {
+    let Some(h) = setup(over, None).await else {
+        return;
+    };
+    let mut p = h.raw_peer().await;
     p.send(Bytes::from_static(&[0x02, 0, 0, 0])).await; // shorter than a frame header
     let (frames, closed) = p.frames_until_close(Duration::from_secs(5)).await;
     assert!(closed, "connection closed");
@@ -134,13 +269,14 @@ async fn malformed_frame_closes_the_connection() {
         Some(Code::Internal as u32),
         "{frames:?}"
     );
-    others_still_work(&server).await;
+    h.others_still_work().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn data_beyond_the_window_closes_the_connection() {
-    let (router, server) = setup(None);
-    let mut p = RawPeer::connect(&router).await;
+async fn data_beyond_the_window_closes_the_connection(over: Over) {
+    let Some(h) = setup(over, None).await else {
+        return;
+    };
+    let mut p = h.raw_peer().await;
     let window = p.server_hello.initial_window as usize;
     p.send(open(1)).await;
     let chunk = vec![0u8; 1 << 20];
@@ -159,13 +295,14 @@ async fn data_beyond_the_window_closes_the_connection() {
         Some(Code::Internal as u32),
         "{frames:?}"
     );
-    others_still_work(&server).await;
+    h.others_still_work().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reused_or_decreasing_call_ids_close_the_connection() {
-    let (router, server) = setup(None);
-    let mut p = RawPeer::connect(&router).await;
+async fn reused_or_decreasing_call_ids_close_the_connection(over: Over) {
+    let Some(h) = setup(over, None).await else {
+        return;
+    };
+    let mut p = h.raw_peer().await;
     p.send(open(5)).await;
     p.send(open(3)).await;
     let (frames, closed) = p.frames_until_close(Duration::from_secs(5)).await;
@@ -175,13 +312,14 @@ async fn reused_or_decreasing_call_ids_close_the_connection() {
         Some(Code::Internal as u32),
         "{frames:?}"
     );
-    others_still_work(&server).await;
+    h.others_still_work().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn more_calls_than_allowed_are_rejected() {
-    let (router, server) = setup(Some(2));
-    let mut p = RawPeer::connect(&router).await;
+async fn more_calls_than_allowed_are_rejected(over: Over) {
+    let Some(h) = setup(over, Some(2)).await else {
+        return;
+    };
+    let mut p = h.raw_peer().await;
     assert_eq!(p.server_hello.max_concurrent_calls, 2);
     let slow = grpc_message(&EchoRequest {
         delay_ms: 3_000,
@@ -203,13 +341,14 @@ async fn more_calls_than_allowed_are_rejected() {
     let (code, message) = reset.expect("the third call is reset");
     assert_eq!(code, Code::ResourceExhausted as u32);
     assert!(message.contains("limit 2"), "{message}");
-    others_still_work(&server).await;
+    h.others_still_work().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_metadata_closes_the_connection() {
-    let (router, server) = setup(None);
-    let mut p = RawPeer::connect(&router).await;
+async fn oversized_metadata_closes_the_connection(over: Over) {
+    let Some(h) = setup(over, None).await else {
+        return;
+    };
+    let mut p = h.raw_peer().await;
     let limit = p.server_hello.max_metadata_bytes as usize;
     let mut md = http::HeaderMap::new();
     md.insert("x-big", "a".repeat(limit + 1).parse().unwrap());
@@ -228,13 +367,14 @@ async fn oversized_metadata_closes_the_connection() {
         Some(Code::ResourceExhausted as u32),
         "{frames:?}"
     );
-    others_still_work(&server).await;
+    h.others_still_work().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peer_that_never_returns_credit_gets_no_more_than_its_window() {
-    let (router, server) = setup(None);
-    let mut p = RawPeer::connect(&router).await;
+async fn a_peer_that_never_returns_credit_gets_no_more_than_its_window(over: Over) {
+    let Some(h) = setup(over, None).await else {
+        return;
+    };
+    let mut p = h.raw_peer().await;
     // Server streaming of 64 KiB messages, far more than the 1 MiB window we granted.
     let req = grpc_message(&EchoRequest {
         count: 1000,
@@ -266,18 +406,15 @@ async fn a_peer_that_never_returns_credit_gets_no_more_than_its_window() {
         .sum();
     assert!(data > 0, "some data flowed");
     assert!(data <= 1 << 20, "{data} bytes sent into a 1 MiB window");
-    others_still_work(&server).await;
+    h.others_still_work().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_disconnect_cancels_its_handlers() {
+async fn client_disconnect_cancels_its_handlers(over: Over) {
     let stats: Arc<rpc_examples::echo::EchoStats> = Arc::new(Default::default());
-    let router = rpc_core::Server::builder().add_service(
-        rpc_examples::pb::echo::echo_server::EchoServer::new(rpc_examples::echo::EchoService {
-            stats: stats.clone(),
-        }),
-    );
-    let mut p = RawPeer::connect(&router).await;
+    let Some(h) = Harness::start(over, echo_router(None, stats.clone())).await else {
+        return;
+    };
+    let mut p = h.raw_peer().await;
     let slow = grpc_message(&EchoRequest {
         delay_ms: 30_000,
         ..Default::default()
