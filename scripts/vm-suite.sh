@@ -47,8 +47,8 @@ run "behaviour suite over RDMA (all call kinds, 64 MiB, 1000 calls, deadlines, c
 run "transport selection (WRITE path, mixed clients, fallback, reconnect)" \
   timeout 300 "$BEHAVIOUR_TEST" transports --test-threads=1
 
-run "reliability (peer killed, server restart, deadline storm, slow consumer, load, churn)" \
-  timeout 600 "$RELIABILITY_TEST" --test-threads=1 --nocapture
+run "reliability (peer killed, server restart, deadline storm, slow consumer, 10^5-call load, 10^3-cycle churn)" \
+  timeout 1800 "$RELIABILITY_TEST" --test-threads=1 --nocapture
 
 # Waits until a server accepts TCP connections on HOST:PORT (up to 60 s).
 wait_port() {

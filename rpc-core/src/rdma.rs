@@ -62,6 +62,23 @@ impl FrameReceiver for RdmaReceiver {
     }
 }
 
+/// Largest call-protocol frame carried as one RDMA message (both directions).
+///
+/// The call layer never sends frames near this size (DATA frames are at most
+/// `SessionConfig::max_data_frame`, 1 MiB by default; metadata frames are
+/// bounded by `max_metadata_bytes`), so this only bounds what a misbehaving
+/// peer can make the transport reassemble on one connection before the call
+/// layer's windows see it. A larger message closes the connection.
+pub const MAX_RDMA_FRAME: usize = 16 << 20;
+
+/// The rdma-transport configuration of the call layer's connections.
+fn transport_config() -> rdma_transport::Config {
+    rdma_transport::Config {
+        max_message_bytes: MAX_RDMA_FRAME,
+        ..rdma_transport::Config::default()
+    }
+}
+
 /// Why RDMA could not be used, in words an operator can act on.
 fn reason(addr: SocketAddr, e: &rdma_transport::Error) -> String {
     use rdma_transport::Error as E;
@@ -109,7 +126,7 @@ pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Channel, Error
     let cfg = rdma_transport::Config {
         resolve_timeout: b.rdma_connect_timeout,
         connect_timeout: b.rdma_connect_timeout,
-        ..rdma_transport::Config::default()
+        ..transport_config()
     };
     let session_cfg = b.session.clone();
     let connector: Connector = Arc::new(move || {
@@ -165,14 +182,13 @@ pub(crate) async fn start_listener(
             return None;
         }
     }
-    let mut listener =
-        match rdma_transport::Listener::bind(addr, rdma_transport::Config::default()).await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(%addr, "no RDMA listener ({e}): serving gRPC over TCP only");
-                return None;
-            }
-        };
+    let mut listener = match rdma_transport::Listener::bind(addr, transport_config()).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(%addr, "no RDMA listener ({e}): serving gRPC over TCP only");
+            return None;
+        }
+    };
     let local = listener.local_addr();
     tracing::info!(addr = %local, "RDMA listener up");
     tasks.spawn(async move {

@@ -440,3 +440,43 @@ async fn client_disconnect_cancels_its_handlers(over: Over) {
         "both handlers cancelled when the client disconnected"
     );
 }
+
+/// RDMA only: a transport message larger than the call layer ever sends
+/// (`MAX_RDMA_FRAME`, advertised in the server's hello) closes the connection
+/// at its first chunk notification, before anything is reserved for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_rdma_message_closes_the_connection() {
+    use rdma_transport::engine::wire::Kind;
+    use rdma_transport::testing::RawPeer as RawQp;
+    let Some(h) = setup(Over::Rdma, None).await else {
+        return;
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let addr = h.net.as_ref().unwrap().rdma_addr().unwrap();
+        let mut p = RawQp::connect(addr, &rdma_transport::Config::default(), |_| {})
+            .await
+            .expect("raw RDMA connection to the server");
+        let sh = p.peer_hello();
+        assert_eq!(sh.max_message, rpc_core::rdma::MAX_RDMA_FRAME as u64);
+        assert!(p.send_header(Kind::Credit, |_| {}).await.unwrap().ok());
+        let st = p.write(&[7; 4096], sh.rdv_addr, sh.rdv_rkey).await.unwrap();
+        assert!(st.ok(), "{st:?}");
+        let total = rpc_core::rdma::MAX_RDMA_FRAME as u64 + 1;
+        let _ = p
+            .send_header(Kind::Chunk, |c| {
+                c.rdv_index = 0;
+                c.len = 4096;
+                c.total_len = total;
+                c.addr = sh.rdv_addr;
+            })
+            .await
+            .unwrap();
+        assert!(
+            p.wait_disconnected(Duration::from_secs(10)).await.unwrap(),
+            "the server closes a connection announcing a {total}-byte message"
+        );
+        h.others_still_work().await;
+    })
+    .await
+    .expect("finished within 60 s");
+}

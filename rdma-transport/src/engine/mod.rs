@@ -25,6 +25,9 @@ pub trait Buffers {
     fn staging(&mut self, i: u32) -> &mut [u8];
 }
 
+/// Most a rendezvous message reserves before its data arrived (§5.3).
+pub const REASSEMBLY_RESERVE: usize = 4 << 20;
+
 /// wr_id kind tag for receive work requests (§7).
 pub const WR_RECV: u64 = 1;
 /// wr_id kind tag for send-queue work requests (§7).
@@ -348,6 +351,11 @@ impl Engine {
         self.peer_closed
     }
 
+    /// Bytes reserved for the rendezvous message being reassembled (test/diagnostics).
+    pub fn reassembly_capacity(&self) -> usize {
+        self.reasm.as_ref().map_or(0, |r| r.buf.capacity())
+    }
+
     /// Current send credits (test/diagnostics).
     pub fn credits(&self) -> u32 {
         self.credits
@@ -547,8 +555,12 @@ impl Engine {
             return Self::proto(format!("message of {total} bytes exceeds max_message"));
         }
         let total = total as usize;
+        // Memory follows the data that actually arrived: a notification
+        // claiming a huge total reserves at most REASSEMBLY_RESERVE up front,
+        // and the buffer grows as chunks land (large reallocations are
+        // mremap'ed, not copied).
         let r = self.reasm.get_or_insert_with(|| Reassembly {
-            buf: BytesMut::with_capacity(total),
+            buf: BytesMut::with_capacity(total.min(REASSEMBLY_RESERVE)),
             total,
         });
         if r.total != total {

@@ -712,6 +712,16 @@ fn send_without_credit_rejected() {
 }
 
 #[test]
+fn a_huge_claimed_total_reserves_only_what_arrives() {
+    // One 32-byte notification claiming a 1 GiB message must not make the
+    // receiver reserve 1 GiB: memory follows the chunks that landed.
+    let (mut e, mut m, _) = receiver();
+    inject(&mut e, &mut m, 0, 0, chunk(0, 4096, 1 << 30, false), &[]).unwrap();
+    let cap = e.reassembly_capacity();
+    assert!(cap >= 4096 && cap <= REASSEMBLY_RESERVE, "reserved {cap} B");
+}
+
+#[test]
 fn failed_completion_is_error() {
     let (mut e, m, _) = receiver();
     let r = e.on_completion(
