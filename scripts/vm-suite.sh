@@ -39,6 +39,10 @@ if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
 fi
 run "hostile RDMA peer on a real QP (no credit, forged notifications, WRITEs outside the region, foreign and dead rkeys)" \
   timeout 300 "$HOSTILE_TEST" --test-threads=1 --nocapture
+if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
+  run "hostile RDMA peer over iWARP (SoftiWARP siw0)" \
+    env SOFTROCE_IP="$SOFTROCE_SIW_IP" timeout 300 "$HOSTILE_TEST" --test-threads=1 --nocapture
+fi
 check "rdma_pingpong example (rdma-transport API, both ends in one process)" \
   timeout 120 target/debug/examples/rdma_pingpong --loopback "$SOFTROCE_IP"
 echo "$out" | tail -3

@@ -308,7 +308,16 @@ async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Opti
                     shared.info.peer.map_or_else(String::new, |p| p.to_string())
                 ))
             }
-            Err(e) => break io_status("lost the", &shared.info, &e),
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    // The transport caught the peer breaking its own protocol
+                    // (e.g. RDMA credits or rendezvous buffers): say so.
+                    tracing::warn!(peer = ?shared.info.peer, "closing connection: {e}");
+                } else {
+                    tracing::debug!(peer = ?shared.info.peer, "connection lost: {e}");
+                }
+                break io_status("lost the", &shared.info, &e);
+            }
         };
         let decoded = match frame::decode(bytes, &limits) {
             Ok(Frame::Batch(parts)) => parts
