@@ -41,6 +41,12 @@ pub struct Config {
     /// Busy-poll the CQ for this long before arming the completion channel
     /// and sleeping. Default 20 µs (0 disables).
     pub busy_poll: Duration,
+    /// Keepalive: a connection that posted nothing for this long sends an
+    /// empty CREDIT message, so a peer whose host died silently (no
+    /// disconnect request ever arrives) is detected when the QP's retries
+    /// run out, and its registered memory is released. Default 10 s
+    /// (zero disables). See `docs/wire-protocol-rdma.md` §4.4.
+    pub keepalive: Duration,
     /// Timeout of `rdma_resolve_addr` and of `rdma_resolve_route`. Default 2 s.
     pub resolve_timeout: Duration,
     /// Timeout of the connect / accept handshake. Default 5 s.
@@ -67,6 +73,7 @@ impl Default for Config {
             max_inline_bytes: 128,
             signal_every: 16,
             busy_poll: Duration::from_micros(20),
+            keepalive: Duration::from_secs(10),
             resolve_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),
             send_queue_messages: 8,

@@ -612,6 +612,8 @@ fn spawn_driver(
         peer_gone: false,
         wcs: Vec::with_capacity(64),
         actions: Vec::with_capacity(64),
+        posted: 0,
+        last_post: tokio::time::Instant::now(),
     };
     tokio::spawn(d.run());
     Ok(Connection {
@@ -655,6 +657,9 @@ struct Driver {
     wcs: Vec<Wc>,
     /// Reused buffer for the engine's actions (no allocation per step).
     actions: Vec<Action>,
+    /// Work requests posted as of `last_post` (keepalive, §4.4).
+    posted: u64,
+    last_post: tokio::time::Instant,
 }
 
 impl Driver {
@@ -765,6 +770,10 @@ impl Driver {
         let r = self.mem.execute(&self.actions);
         self.actions.clear();
         r?;
+        if self.engine.posted() != self.posted {
+            self.posted = self.engine.posted();
+            self.last_post = tokio::time::Instant::now();
+        }
         while let Some(e) = self.engine.next_event() {
             let item = match e {
                 Event::Message(b) => Item::Msg(b),
@@ -841,7 +850,15 @@ impl Driver {
                 continue;
             }
             let room = self.cmd_open && self.has_room();
+            let keepalive = !self.cfg.keepalive.is_zero();
+            let idle_until = self.last_post + self.cfg.keepalive;
             tokio::select! {
+                _ = tokio::time::sleep_until(idle_until), if keepalive => {
+                    // §4.4: nothing posted for a while; probe the peer.
+                    self.engine.keepalive();
+                    self.last_post = tokio::time::Instant::now();
+                    self.stats.bump(|s| &s.keepalives, 1);
+                }
                 r = self.cq_afd.readable() => {
                     let mut g = r.map_err(|e| io_err("AsyncFd(cq)", e))?;
                     let n = self.cq.consume_events()?;

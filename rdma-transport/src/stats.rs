@@ -45,6 +45,8 @@ stats! {
     credit_msgs,
     /// Completion-channel events consumed.
     cq_events,
+    /// Keepalive probes queued on idle connections (wire-protocol-rdma §4.4).
+    keepalives,
     /// Connections established.
     connections,
 }

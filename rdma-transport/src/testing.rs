@@ -216,6 +216,15 @@ impl RawPeer {
         }
     }
 
+    /// Plays a host that died without a word: our QP is destroyed, so the
+    /// listener's packets are dropped unanswered (no ACK, no NAK), but the
+    /// cm_id stays, so no disconnect request is sent either — as when a
+    /// machine loses power or its link. Nothing can be sent afterwards.
+    pub fn go_silent(&mut self) {
+        self.hs.res.mem.destroy_qp();
+        self.disconnected = true;
+    }
+
     /// Polls the CQ once; receives are copied out and reposted. Returns how
     /// many completions were seen. Send-queue completions are kept in
     /// `sq_done` for `wait_for`.

@@ -120,14 +120,20 @@ impl EchoServer {
 
     /// Waits (up to 10 s) for the connection from `peer` to end.
     async fn outcome(&self, peer: SocketAddr) -> Outcome {
-        for _ in 0..1000 {
+        self.outcome_within(peer, Duration::from_secs(10)).await
+    }
+
+    /// Waits up to `limit` for the connection from `peer` to end.
+    async fn outcome_within(&self, peer: SocketAddr, limit: Duration) -> Outcome {
+        let end = tokio::time::Instant::now() + limit;
+        while tokio::time::Instant::now() < end {
             if let Some(o) = self.outcomes.lock().unwrap().get(&peer) {
                 return o.clone();
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!(
-            "the listener's connection from {peer} did not end within 10 s; ended: {:?}",
+            "the listener's connection from {peer} did not end within {limit:?}; ended: {:?}",
             self.outcomes.lock().unwrap()
         );
     }
@@ -603,6 +609,68 @@ async fn a_lying_hello_is_refused_or_fails_only_that_connection() {
             "the lying peer is disconnected"
         );
         server.others_still_work("lying hello").await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_peer_is_found_by_keepalive() {
+    let Some(ip) = device_ip("a_silently_dead_peer_is_found_by_keepalive") else {
+        return;
+    };
+    within(120, "silent peer", async {
+        // Two listeners, one with a 500 ms keepalive and one without; a peer
+        // on each goes silent at the same moment.
+        let with = |ka| Config {
+            keepalive: ka,
+            ..Config::default()
+        };
+        let server = EchoServer::start(ip, with(Duration::from_millis(500))).await;
+        let control = EchoServer::start(ip, with(Duration::ZERO)).await;
+        let mut peers = vec![];
+        for s in [&server, &control] {
+            let (mut p, me) = raw(s, |_| {}).await;
+            // One honest round trip, then the peer's host "dies": no DREQ,
+            // no more ACKs.
+            let mut m = vec![0u8; HDR_LEN + 10];
+            let mut h = Header::new(Kind::Eager);
+            h.len = 10;
+            h.encode(&mut m);
+            assert!(p.send_raw(&m).await.unwrap().ok());
+            let echo = p
+                .recv(Duration::from_secs(10))
+                .await
+                .unwrap()
+                .expect("echo");
+            assert_eq!(Header::decode(&echo).unwrap().kind, Kind::Eager);
+            peers.push((p, me));
+        }
+        for (p, _) in &mut peers {
+            p.go_silent();
+        }
+        let t = std::time::Instant::now();
+        let ended = server
+            .outcome_within(peers[0].1, Duration::from_secs(90))
+            .await;
+        println!(
+            "silent peer: listener's connection ended after {:.1} s: {ended:?}",
+            t.elapsed().as_secs_f64()
+        );
+        assert!(
+            matches!(
+                ended,
+                Outcome::Failed(Error::Completion { .. } | Error::Disconnected)
+            ),
+            "{ended:?}"
+        );
+        // Without keepalive nothing is ever sent on the idle connection, so
+        // the other listener still holds it (and its registered memory).
+        assert!(
+            control.outcomes.lock().unwrap().get(&peers[1].1).is_none(),
+            "without keepalive the silent peer goes unnoticed"
+        );
+        println!("without keepalive: still connected after the same time");
+        server.others_still_work("silent peer").await;
     })
     .await;
 }

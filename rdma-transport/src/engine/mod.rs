@@ -298,6 +298,18 @@ impl Engine {
         self.force_credit = true;
     }
 
+    /// Keepalive (§4.4): queue a CREDIT message even if nothing is owed, so
+    /// an idle connection still has a SEND in flight now and then and a
+    /// silently dead peer is found by the QP's retry limit.
+    pub fn keepalive(&mut self) {
+        self.force_credit = true;
+    }
+
+    /// SENDs and WRITEs posted so far (any kind).
+    pub fn posted(&self) -> u64 {
+        self.next_seq
+    }
+
     /// The configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg

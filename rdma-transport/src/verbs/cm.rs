@@ -275,7 +275,13 @@ impl CmId {
             responder_resources: 1,
             initiator_depth: 1,
             flow_control: 1,
-            retry_count: 7,
+            // 6, not the maximum 7: rdma_rxe treats a transport retry count
+            // of 7 as "retry forever" (like rnr_retry 7), so a peer whose
+            // host died silently would never be detected there. With 6 a
+            // dead peer fails the QP after ~7 ACK timeouts on every device.
+            retry_count: 6,
+            // 7 = infinite RNR retries: a safety net only, credits (§4.2)
+            // mean a SEND never meets an empty receive queue.
             rnr_retry_count: 7,
             srq: 0,
             qp_num: 0,
