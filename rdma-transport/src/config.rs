@@ -41,8 +41,8 @@ pub struct Config {
     /// Busy-poll the CQ for this long before arming the completion channel
     /// and sleeping. Default 20 µs (0 disables).
     pub busy_poll: Duration,
-    /// Keepalive: a connection that posted nothing for this long sends an
-    /// empty CREDIT message, so a peer whose host died silently (no
+    /// Keepalive: a connection that posted nothing for this long posts a
+    /// zero-length RDMA WRITE, so a peer whose host died silently (no
     /// disconnect request ever arrives) is detected when the QP's retries
     /// run out, and its registered memory is released. Default 10 s
     /// (zero disables). See `docs/wire-protocol-rdma.md` §4.4.
@@ -54,6 +54,12 @@ pub struct Config {
     /// Messages the driver queues before `SendHalf::send` waits
     /// (back-pressure). Default 8.
     pub send_queue_messages: usize,
+    /// Received messages (bytes, plus 64 per message) queued for the
+    /// application before this side stops returning credits, which stops the
+    /// peer (`docs/wire-protocol-rdma.md` §4.5). At most about one message,
+    /// the receive ring and the rendezvous region more arrive after it.
+    /// Default 64 MiB. Minimum 1.
+    pub recv_queue_bytes: usize,
     /// Process-wide cap on registered memory (all connections). Default 4 GiB.
     pub global_max_registered_bytes: usize,
     /// `rdma_listen` backlog. Default 128.
@@ -77,6 +83,7 @@ impl Default for Config {
             resolve_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),
             send_queue_messages: 8,
+            recv_queue_bytes: 64 << 20,
             global_max_registered_bytes: 4 << 30,
             listen_backlog: 128,
         }
@@ -104,6 +111,9 @@ impl Config {
         }
         if self.max_message_bytes > (1 << 40) {
             return bad("max_message_bytes too large");
+        }
+        if self.recv_queue_bytes == 0 {
+            return bad("recv_queue_bytes must be >= 1");
         }
         if self.send_queue_messages == 0 {
             return bad("send_queue_messages must be >= 1");

@@ -2,13 +2,14 @@
 //! (§8) that owns the QP, CQ, registered memory and the engine.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use rdma_sys::rdma_cm_event_type as ev;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::config::Config;
 use crate::engine::wire::{Hello, VERSION};
@@ -425,12 +426,34 @@ enum Item {
     Err(Error),
 }
 
-#[derive(Default)]
+/// Per-message overhead counted against `recv_queue_bytes`, so a flood of
+/// empty messages is bounded too.
+const QUEUED_MSG_OVERHEAD: usize = 64;
+
 struct Shared {
     error: Mutex<Option<Error>>,
+    /// Bytes delivered to the `RecvHalf`'s queue and not yet taken (§4.5).
+    queued: AtomicUsize,
+    /// `Config::recv_queue_bytes`.
+    queue_limit: usize,
+    /// Signalled when the queue drops back to the limit.
+    drained: Notify,
 }
 
 impl Shared {
+    fn new(queue_limit: usize) -> Shared {
+        Shared {
+            error: Mutex::new(None),
+            queued: AtomicUsize::new(0),
+            queue_limit,
+            drained: Notify::new(),
+        }
+    }
+
+    fn over_limit(&self) -> bool {
+        self.queued.load(Ordering::Acquire) > self.queue_limit
+    }
+
     fn error(&self) -> Error {
         self.error
             .lock()
@@ -563,7 +586,17 @@ impl RecvHalf {
             return Ok(None);
         }
         match self.rx.recv().await {
-            Some(Item::Msg(b)) => Ok(Some(b)),
+            Some(Item::Msg(b)) => {
+                // §4.5: the driver holds credit returns while the queue is
+                // over its limit; wake it when we drain back under.
+                let n = b.len() + QUEUED_MSG_OVERHEAD;
+                let before = self.shared.queued.fetch_sub(n, Ordering::AcqRel);
+                let limit = self.shared.queue_limit;
+                if before > limit && before - n <= limit {
+                    self.shared.drained.notify_one();
+                }
+                Ok(Some(b))
+            }
             Some(Item::Closed) => {
                 self.done = true;
                 Ok(None)
@@ -588,7 +621,7 @@ fn spawn_driver(
     let cq_afd = async_fd(res.cq.clone())?;
     let (tx, cmd_rx) = mpsc::channel(cfg.send_queue_messages.max(1));
     let (deliver_tx, rx) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared::new(cfg.recv_queue_bytes));
     let stats = Arc::new(ConnStats::default());
     stats.bump(|s| &s.connections, 1);
     let max = cfg.max_message_bytes.min(peer_hello.max_message as usize);
@@ -765,6 +798,9 @@ impl Driver {
 
     /// Lets the engine post what it can and delivers events.
     fn step(&mut self) -> Result<(), Error> {
+        // §4.5: an application that does not read holds back the peer.
+        self.engine
+            .set_hold_returns(self.recv_open && self.shared.over_limit());
         self.engine.progress(&mut self.mem);
         self.engine.swap_actions(&mut self.actions);
         let r = self.mem.execute(&self.actions);
@@ -776,7 +812,14 @@ impl Driver {
         }
         while let Some(e) = self.engine.next_event() {
             let item = match e {
-                Event::Message(b) => Item::Msg(b),
+                Event::Message(b) => {
+                    if self.recv_open {
+                        self.shared
+                            .queued
+                            .fetch_add(b.len() + QUEUED_MSG_OVERHEAD, Ordering::AcqRel);
+                    }
+                    Item::Msg(b)
+                }
                 Event::PeerClosed => Item::Closed,
             };
             if self.recv_open && self.deliver_tx.send(item).is_err() {
@@ -892,6 +935,9 @@ impl Driver {
                 }
                 _ = self.deliver_tx.closed(), if self.recv_open => {
                     self.recv_open = false;
+                }
+                _ = self.shared.drained.notified(), if self.engine.holding_returns() => {
+                    // The application caught up: step() releases the returns.
                 }
             }
         }

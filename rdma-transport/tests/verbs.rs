@@ -464,6 +464,51 @@ async fn held_messages_and_dropped_recv_half_do_not_stall() {
     .expect("timeout");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_does_not_read_holds_back_the_sender() {
+    let Some(ip) = device_ip("a_receiver_that_does_not_read_holds_back_the_sender") else {
+        return;
+    };
+    // §4.5: past 4 MiB queued for the application, the receiver stops
+    // returning credits and rendezvous buffers, so the sender stops.
+    let cfg = Config {
+        recv_queue_bytes: 4 << 20,
+        ..Config::default()
+    };
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let (c, s) = pair(ip, &cfg).await;
+        let received = s.stats();
+        let (mut tx, _crx) = c.split();
+        let (_stx, mut rx) = s.split();
+        const N: u64 = 64;
+        let sender = tokio::spawn(async move {
+            for i in 0..N {
+                tx.send(pattern(i, 1 << 20)).await.unwrap();
+            }
+            tx.close().await;
+        });
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let got = received.snapshot().msgs_recv;
+        println!("receiver not reading: {got} of {N} 1 MiB messages arrived in 3 s");
+        // The limit (4 MiB), the message that crossed it, and what the peer
+        // could still send with the rendezvous buffers it held (8 x 256 KiB).
+        assert!(
+            (4..=8).contains(&got),
+            "{got} MiB arrived for a 4 MiB receive queue"
+        );
+        assert!(!sender.is_finished(), "the sender is held back");
+        // Reading resumes the flow; everything arrives, in order, intact.
+        for i in 0..N {
+            let m = rx.recv().await.unwrap().expect("message");
+            assert!(m == pattern(i, 1 << 20), "message {i} corrupted");
+        }
+        assert!(rx.recv().await.unwrap().is_none());
+        sender.await.unwrap();
+    })
+    .await
+    .expect("timeout");
+}
+
 const CHILD_ENV: &str = "RDMA_TEST_CHILD_CONNECT";
 
 /// Child role for `peer_killed_mid_transfer` (no-op unless the env var is set).

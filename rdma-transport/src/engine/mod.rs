@@ -235,6 +235,8 @@ pub struct Engine {
     peer_closed: bool,
     wait_first_recv: bool,
     force_credit: bool,
+    hold_returns: bool,
+    keepalive_due: bool,
     peer_saw_close: bool,
     // --- outputs ---
     actions: Vec<Action>,
@@ -272,6 +274,8 @@ impl Engine {
             peer_closed: false,
             wait_first_recv: false,
             force_credit: false,
+            hold_returns: false,
+            keepalive_due: false,
             peer_saw_close: false,
             actions: Vec::new(),
             events: VecDeque::new(),
@@ -298,11 +302,25 @@ impl Engine {
         self.force_credit = true;
     }
 
-    /// Keepalive (§4.4): queue a CREDIT message even if nothing is owed, so
-    /// an idle connection still has a SEND in flight now and then and a
-    /// silently dead peer is found by the QP's retry limit.
+    /// Keepalive (§4.4): queue a zero-length RDMA WRITE to the peer, so an
+    /// idle connection still has a work request in flight now and then and
+    /// a silently dead peer is found by the QP's retry limit. It consumes no
+    /// credit and the peer's engine never sees it.
     pub fn keepalive(&mut self) {
-        self.force_credit = true;
+        self.keepalive_due = true;
+    }
+
+    /// Receive back-pressure (§4.5): while set, no receive credits or
+    /// rendezvous buffers are returned to the peer, so it stops sending once
+    /// it used what it holds. Clearing it lets the next header (or a CREDIT
+    /// message from [`progress`](Self::progress)) return everything owed.
+    pub fn set_hold_returns(&mut self, hold: bool) {
+        self.hold_returns = hold;
+    }
+
+    /// Whether returns are held (§4.5).
+    pub fn holding_returns(&self) -> bool {
+        self.hold_returns
     }
 
     /// SENDs and WRITEs posted so far (any kind).
@@ -598,6 +616,9 @@ impl Engine {
     }
 
     fn fill_returns(&mut self, h: &mut Header) {
+        if self.hold_returns {
+            return;
+        }
         let c = self.owed_total.min(u16::MAX as u32);
         h.credit_return = c as u16;
         self.owed_total -= c;
@@ -744,15 +765,27 @@ impl Engine {
                 }
             }
         }
+        // §4.4: keepalive, a zero-length WRITE to the start of the peer's
+        // region (no data moves, no credit is used, the peer sees nothing).
+        if self.keepalive_due && self.sq_room(1) {
+            self.keepalive_due = false;
+            let (wr_id, signaled) = self.push_record(None, false);
+            self.actions.push(Action::PostWrite {
+                staging: 0,
+                len: 0,
+                remote_addr: self.cfg.peer.rdv_addr,
+                rkey: self.cfg.peer.rdv_rkey,
+                wr_id,
+                signaled,
+            });
+        }
         // §4.3: explicit credit message when returns are due and no data
         // carried them. Slots consumed by credit messages alone only trigger
         // a return once half the ring is owed, so credit messages cannot
         // ping-pong.
         let half = (self.cfg.recv_slots / 2).max(1);
-        let due = self.owed_data >= half
-            || self.owed_total >= half
-            || self.rdv_owed > 0
-            || self.force_credit;
+        let owed = self.owed_data >= half || self.owed_total >= half || self.rdv_owed > 0;
+        let due = (owed && !self.hold_returns) || self.force_credit;
         if due && self.credits >= 1 && !self.free_send.is_empty() && self.sq_room(1) {
             let h = Header::new(Kind::Credit);
             self.post_send_slot(bufs, h, &[], false);

@@ -725,6 +725,88 @@ fn a_huge_claimed_total_reserves_only_what_arrives() {
 }
 
 #[test]
+fn held_returns_stop_the_peer_until_released() {
+    // §4.5: while returns are held, nothing goes back to the peer, however
+    // much is owed; releasing them returns everything in one header.
+    let (mut e, mut m, p) = receiver();
+    e.set_hold_returns(true);
+    for i in 0..p.slots {
+        let mut h = Header::new(Kind::Eager);
+        h.len = 1;
+        inject(&mut e, &mut m, i, 0, h, &[9]).unwrap();
+    }
+    e.progress(&mut m);
+    assert!(
+        !e.take_actions()
+            .iter()
+            .any(|a| matches!(a, Action::PostSend { .. })),
+        "no credit message while held"
+    );
+    // A message we send anyway carries no returns.
+    e.submit(Bytes::from_static(b"hi"));
+    e.progress(&mut m);
+    let sent: Vec<_> = e.take_actions();
+    let Some(Action::PostSend { slot, .. }) =
+        sent.iter().find(|a| matches!(a, Action::PostSend { .. }))
+    else {
+        panic!("the data message goes out: {sent:?}")
+    };
+    let off = *slot as usize * m.slot;
+    let h = Header::decode(&m.send[off..off + HDR_LEN]).unwrap();
+    assert_eq!((h.credit_return, h.rdv_return), (0, 0));
+    // The peer is out of credits: one more SEND would be a violation.
+    let r = inject(&mut e, &mut m, 0, 1, Header::new(Kind::Credit), &[]);
+    assert!(is_proto(r));
+    // Released: a CREDIT message returns all 8.
+    let (mut e, mut m, p) = receiver();
+    e.set_hold_returns(true);
+    for i in 0..p.slots {
+        inject(&mut e, &mut m, i, 0, Header::new(Kind::Credit), &[]).unwrap();
+    }
+    e.progress(&mut m);
+    assert!(e.holding_returns());
+    assert!(!e
+        .take_actions()
+        .iter()
+        .any(|a| matches!(a, Action::PostSend { .. })));
+    e.set_hold_returns(false);
+    e.progress(&mut m);
+    let sent = e.take_actions();
+    let Some(Action::PostSend { slot, .. }) =
+        sent.iter().find(|a| matches!(a, Action::PostSend { .. }))
+    else {
+        panic!("a credit message once released: {sent:?}")
+    };
+    let off = *slot as usize * m.slot;
+    let h = Header::decode(&m.send[off..off + HDR_LEN]).unwrap();
+    assert_eq!(h.credit_return as u32, p.slots);
+}
+
+#[test]
+fn keepalive_is_a_zero_length_write_that_uses_no_credit() {
+    let (mut e, mut m, _) = receiver();
+    let _initial_receives = e.take_actions();
+    let credits = e.credits();
+    e.keepalive();
+    e.progress(&mut m);
+    let a = e.take_actions();
+    assert!(
+        matches!(
+            a.as_slice(),
+            [Action::PostWrite {
+                len: 0,
+                remote_addr: RDV_BASE,
+                ..
+            }]
+        ),
+        "{a:?}"
+    );
+    assert_eq!(e.credits(), credits, "a keepalive uses no credit");
+    e.progress(&mut m);
+    assert!(e.take_actions().is_empty(), "one keepalive per request");
+}
+
+#[test]
 fn failed_completion_is_error() {
     let (mut e, m, _) = receiver();
     let r = e.on_completion(
