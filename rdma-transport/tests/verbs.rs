@@ -523,6 +523,79 @@ async fn a_receiver_that_does_not_read_holds_back_the_sender() {
     .expect("timeout");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_registered_memory_cap_refuses_connections_cleanly() {
+    let Some(ip) = device_ip("the_registered_memory_cap_refuses_connections_cleanly") else {
+        return;
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        // Each connection registers ~5 MiB per side (both sides are in this
+        // process). The listener's cap leaves room for one connection only.
+        let base = rdma_transport::registered_bytes();
+        let per_side = 5 << 20;
+        let server_cfg = Config {
+            global_max_registered_bytes: base + 3 * per_side,
+            ..Config::default()
+        };
+        let mut l = Listener::bind(SocketAddr::new(ip, 0), server_cfg)
+            .await
+            .expect("bind");
+        let addr = l.local_addr();
+        let (res_tx, mut res_rx) = tokio::sync::mpsc::unbounded_channel();
+        let acceptor = tokio::spawn(async move {
+            loop {
+                let r = l.accept().await;
+                if res_tx.send(r).is_err() {
+                    return;
+                }
+            }
+        });
+        let cfg = Config::default();
+        let first = connect(addr, &cfg).await.expect("first connection fits");
+        let server_first = res_rx.recv().await.unwrap().expect("accepted");
+        println!(
+            "one connection: {} MiB registered in this process",
+            (rdma_transport::registered_bytes() - base) >> 20
+        );
+        // The second does not: refused at once, with the reason on both sides.
+        let e = connect(addr, &cfg)
+            .await
+            .expect_err("over the listener's registered-memory cap");
+        println!("second connection: {e}");
+        assert!(matches!(e, Error::Rejected { .. }), "{e:?}");
+        assert!(e.to_string().contains("resources"), "{e}");
+        let le = res_rx.recv().await.unwrap().expect_err("listener side");
+        println!("listener: {le}");
+        assert!(
+            matches!(&le, Error::ResourceLimit(m) if m.contains("global_max_registered_bytes")),
+            "{le:?}"
+        );
+        // The first connection still works, and closing it frees the room.
+        let (mut tx, _rx) = first.split();
+        let (_stx, mut srx) = server_first.split();
+        tx.send(pattern(1, 100_000)).await.unwrap();
+        assert!(srx.recv().await.unwrap().unwrap() == pattern(1, 100_000));
+        tx.close().await;
+        drop((tx, _rx, _stx, srx));
+        let mut third = None;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Ok(c) = connect(addr, &cfg).await {
+                third = Some(c);
+                break;
+            }
+            let _ = res_rx.recv().await;
+        }
+        assert!(
+            third.is_some(),
+            "a new connection fits once the first closed"
+        );
+        acceptor.abort();
+    })
+    .await
+    .expect("timeout");
+}
+
 const CHILD_ENV: &str = "RDMA_TEST_CHILD_CONNECT";
 
 /// Child role for `peer_killed_mid_transfer` (no-op unless the env var is set).
