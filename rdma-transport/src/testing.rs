@@ -10,8 +10,9 @@
 //! connection closed with an error while nothing else is touched.
 //!
 //! It is safe code on top of the crate's bounds-checked memory pools: one
-//! work request is outstanding at a time and every buffer is reused only
-//! after its completion was polled, like the real driver (§7).
+//! work request is outstanding at a time and no buffer is written again
+//! until the completion of the work request using it was polled (even if
+//! the future waiting for it was dropped), like the real driver (§7).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -57,6 +58,9 @@ pub struct RawPeer {
     next_slot: u32,
     received: VecDeque<Vec<u8>>,
     sq_done: VecDeque<Wc>,
+    /// The work request posted and not yet seen complete (at most one): its
+    /// send slot / staging buffer is not touched again until it is.
+    in_flight: Option<u64>,
     disconnected: bool,
     wcs: Vec<Wc>,
 }
@@ -88,6 +92,7 @@ impl RawPeer {
             next_slot: 0,
             received: VecDeque::new(),
             sq_done: VecDeque::new(),
+            in_flight: None,
             disconnected: false,
             wcs: Vec::with_capacity(32),
         })
@@ -119,19 +124,23 @@ impl RawPeer {
                 max: slot_bytes,
             });
         }
+        self.settle()?;
         let slot = self.next_slot;
         self.next_slot = (slot + 1) % self.cfg.send_slots;
         self.hs.res.mem.send_slot(slot)[..bytes.len()].copy_from_slice(bytes);
         let wr_id = sq_wr_id(self.next_seq);
         self.next_seq += 1;
-        self.hs.res.mem.execute(&[Action::PostSend {
-            slot,
-            len: bytes.len(),
+        self.post_and_wait(
+            Action::PostSend {
+                slot,
+                len: bytes.len(),
+                wr_id,
+                signaled: true,
+                inline: false,
+            },
             wr_id,
-            signaled: true,
-            inline: false,
-        }])?;
-        self.wait_for(wr_id).await
+        )
+        .await
     }
 
     /// SENDs a header-only message of `kind` built by `edit` (§3.1).
@@ -161,18 +170,22 @@ impl RawPeer {
                 max: self.cfg.rendezvous_buffer_bytes,
             });
         }
+        self.settle()?;
         self.hs.res.mem.staging(0)[..data.len()].copy_from_slice(data);
         let wr_id = sq_wr_id(self.next_seq);
         self.next_seq += 1;
-        self.hs.res.mem.execute(&[Action::PostWrite {
-            staging: 0,
-            len: data.len(),
-            remote_addr,
-            rkey,
+        self.post_and_wait(
+            Action::PostWrite {
+                staging: 0,
+                len: data.len(),
+                remote_addr,
+                rkey,
+                wr_id,
+                signaled: true,
+            },
             wr_id,
-            signaled: true,
-        }])?;
-        self.wait_for(wr_id).await
+        )
+        .await
     }
 
     /// The next SEND received from the listener (header included), or `None`
@@ -269,6 +282,31 @@ impl RawPeer {
             }
         }
         Ok(())
+    }
+
+    /// Refuses to touch a buffer while the previous work request on it is
+    /// still posted (its future was dropped, or it timed out).
+    fn settle(&mut self) -> Result<(), Error> {
+        if let Some(w) = self.in_flight {
+            self.poll()?;
+            if !self.sq_done.iter().any(|c| c.wr_id == w) {
+                return Err(Error::Protocol(
+                    "raw peer: the previous work request has not completed; its buffer stays posted"
+                        .into(),
+                ));
+            }
+            self.sq_done.clear();
+            self.in_flight = None;
+        }
+        Ok(())
+    }
+
+    async fn post_and_wait(&mut self, a: Action, wr_id: u64) -> Result<WcStatus, Error> {
+        self.hs.res.mem.execute(&[a])?;
+        self.in_flight = Some(wr_id);
+        let st = self.wait_for(wr_id).await?;
+        self.in_flight = None;
+        Ok(st)
     }
 
     async fn wait_for(&mut self, wr_id: u64) -> Result<WcStatus, Error> {
