@@ -625,6 +625,7 @@ fn spawn_driver(
     let stats = Arc::new(ConnStats::default());
     stats.bump(|s| &s.connections, 1);
     let max = cfg.max_message_bytes.min(peer_hello.max_message as usize);
+    let keepalive_timer = Box::pin(tokio::time::sleep(cfg.keepalive));
     let d = Driver {
         cm_afd,
         cq_afd,
@@ -645,8 +646,8 @@ fn spawn_driver(
         peer_gone: false,
         wcs: Vec::with_capacity(64),
         actions: Vec::with_capacity(64),
-        posted: 0,
         last_post: tokio::time::Instant::now(),
+        keepalive_timer,
     };
     tokio::spawn(d.run());
     Ok(Connection {
@@ -690,9 +691,11 @@ struct Driver {
     wcs: Vec<Wc>,
     /// Reused buffer for the engine's actions (no allocation per step).
     actions: Vec<Action>,
-    /// Work requests posted as of `last_post` (keepalive, §4.4).
-    posted: u64,
+    /// When work requests were last posted (keepalive, §4.4).
     last_post: tokio::time::Instant,
+    /// Fires at the earliest time a keepalive can be due; re-armed lazily
+    /// (once per interval), never per posted work request.
+    keepalive_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 impl Driver {
@@ -804,12 +807,11 @@ impl Driver {
         self.engine.progress(&mut self.mem);
         self.engine.swap_actions(&mut self.actions);
         let r = self.mem.execute(&self.actions);
-        self.actions.clear();
-        r?;
-        if self.engine.posted() != self.posted {
-            self.posted = self.engine.posted();
+        if !self.actions.is_empty() {
             self.last_post = tokio::time::Instant::now();
         }
+        self.actions.clear();
+        r?;
         while let Some(e) = self.engine.next_event() {
             let item = match e {
                 Event::Message(b) => {
@@ -894,13 +896,19 @@ impl Driver {
             }
             let room = self.cmd_open && self.has_room();
             let keepalive = !self.cfg.keepalive.is_zero();
-            let idle_until = self.last_post + self.cfg.keepalive;
             tokio::select! {
-                _ = tokio::time::sleep_until(idle_until), if keepalive => {
-                    // §4.4: nothing posted for a while; probe the peer.
-                    self.engine.keepalive();
-                    self.last_post = tokio::time::Instant::now();
-                    self.stats.bump(|s| &s.keepalives, 1);
+                _ = self.keepalive_timer.as_mut(), if keepalive => {
+                    let due = self.last_post + self.cfg.keepalive;
+                    let now = tokio::time::Instant::now();
+                    if due <= now {
+                        // §4.4: nothing posted for a while; probe the peer.
+                        self.engine.keepalive();
+                        self.last_post = now;
+                        self.stats.bump(|s| &s.keepalives, 1);
+                        self.keepalive_timer.as_mut().reset(now + self.cfg.keepalive);
+                    } else {
+                        self.keepalive_timer.as_mut().reset(due);
+                    }
                 }
                 r = self.cq_afd.readable() => {
                     let mut g = r.map_err(|e| io_err("AsyncFd(cq)", e))?;

@@ -15,43 +15,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use rdma_transport::engine::wire::{Header, Hello, Kind, FLAG_LAST, HDR_LEN};
 use rdma_transport::testing::{RawPeer, WC_REM_ACCESS_ERR};
-use rdma_transport::{connect, devices, Config, Error, Listener};
+use rdma_transport::{connect, Config, Error, Listener};
 
-fn required() -> bool {
-    std::env::var("SOFTROCE_IN_VM").as_deref() == Ok("1")
-        || std::env::var("RDMA_TEST_REQUIRE_DEVICE").as_deref() == Ok("1")
-}
-
-fn device_ip(test: &str) -> Option<IpAddr> {
-    let reason = match devices() {
-        Ok(d) if d.is_empty() => "devices() is empty".to_string(),
-        Ok(_) => match std::env::var("SOFTROCE_IP").or_else(|_| std::env::var("RDMA_TEST_IP")) {
-            Ok(ip) => return Some(ip.parse().expect("SOFTROCE_IP/RDMA_TEST_IP must be an IP")),
-            Err(_) => "SOFTROCE_IP / RDMA_TEST_IP not set".to_string(),
-        },
-        Err(e) => format!("devices() failed: {e}"),
-    };
-    if required() {
-        panic!("{test}: RDMA device required but unavailable: {reason}");
-    }
-    println!("SKIP {test}: no RDMA device ({reason})");
-    None
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+mod common;
+use common::{device_ip, pattern};
 
 /// How each connection the listener accepted ended.
 #[derive(Debug, Clone)]
@@ -161,7 +130,7 @@ impl EchoServer {
             .unwrap_or_else(|e| panic!("{case}: a good client cannot connect: {e}"));
         let (mut tx, mut rx) = c.split();
         for (i, len) in [0usize, 100, 5000, 1 << 20].into_iter().enumerate() {
-            let m = Bytes::from(pattern(i as u64 + 7, len));
+            let m = pattern(i as u64 + 7, len);
             tx.send(m.clone()).await.expect("good client send");
             let got = rx.recv().await.expect("good client recv").expect("echo");
             assert!(got == m, "{case}: echo of {len} bytes corrupted");
@@ -185,6 +154,16 @@ async fn raw(server: &EchoServer, edit: impl FnOnce(&mut Hello)) -> (RawPeer, So
     let st = p.send_header(Kind::Credit, |_| {}).await.expect("post");
     assert!(st.ok(), "first CREDIT message: {st:?}");
     (p, me)
+}
+
+/// An EAGER SEND carrying `payload` (§4.1), as an honest sender builds it.
+fn eager(payload: &[u8]) -> Vec<u8> {
+    let mut m = vec![0u8; HDR_LEN + payload.len()];
+    let mut h = Header::new(Kind::Eager);
+    h.len = payload.len() as u32;
+    h.encode(&mut m);
+    m[HDR_LEN..].copy_from_slice(payload);
+    m
 }
 
 fn buffer_addr(h: &Hello, i: u32) -> u64 {
@@ -495,12 +474,7 @@ async fn a_peer_that_never_returns_credits_gets_no_more_sends() {
         let (mut p, me) = raw(&server, |h| h.credits = credits as u32).await;
         // 20 eager messages, returning none of the listener's credits.
         for i in 0..20u8 {
-            let mut m = vec![0u8; HDR_LEN + 100];
-            let mut h = Header::new(Kind::Eager);
-            h.len = 100;
-            h.encode(&mut m);
-            m[HDR_LEN..].fill(i);
-            assert!(p.send_raw(&m).await.unwrap().ok());
+            assert!(p.send_raw(&eager(&[i; 100])).await.unwrap().ok());
         }
         let mut got = vec![];
         while let Some(m) = p.recv(Duration::from_secs(2)).await.unwrap() {
@@ -641,11 +615,7 @@ async fn a_silently_dead_peer_is_found_by_keepalive() {
             let (mut p, me) = raw(s, |_| {}).await;
             // One honest round trip, then the peer's host "dies": no DREQ,
             // no more ACKs.
-            let mut m = vec![0u8; HDR_LEN + 10];
-            let mut h = Header::new(Kind::Eager);
-            h.len = 10;
-            h.encode(&mut m);
-            assert!(p.send_raw(&m).await.unwrap().ok());
+            assert!(p.send_raw(&eager(&[0; 10])).await.unwrap().ok());
             let echo = p
                 .recv(Duration::from_secs(10))
                 .await

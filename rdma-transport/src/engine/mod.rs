@@ -323,11 +323,6 @@ impl Engine {
         self.hold_returns
     }
 
-    /// SENDs and WRITEs posted so far (any kind).
-    pub fn posted(&self) -> u64 {
-        self.next_seq
-    }
-
     /// The configuration.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
