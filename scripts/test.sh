@@ -2,7 +2,8 @@
 # Runs every test of the project (the README's test command; .ci/run calls it):
 #   1. host: unit tests, engine/property tests, codegen, the behaviour suite over the
 #      in-memory and TCP paths (RDMA tests print SKIP on a host without a device);
-#   2. a stock gRPC client (Python grpcio) against helloworld-server over TCP;
+#   2. a stock gRPC client (Python grpcio) against helloworld-server over TCP; the
+#      binaries without the RDMA libraries (scripts/no-rdma-libs.sh);
 #   3. the device suite in ONE Soft-RoCE VM boot (scripts/vm-suite.sh): rdma-transport
 #      on real verbs, the behaviour suite over RDMA, transport selection and fallback,
 #      the examples. Inside the VM, a missing device fails the tests loudly.
@@ -24,6 +25,8 @@ step "build (workspace, all targets)" cargo build --workspace --all-targets --qu
 step "host tests (cargo test --workspace)" cargo test --workspace --quiet --no-fail-fast
 step "stock gRPC client (grpcio) -> helloworld-server over TCP" \
   python3 tests/stock_client/grpcio_hello.py --server target/debug/helloworld-server
+step "run anywhere: no NEEDED RDMA library; demo, helloworld and grpcio with the RDMA libraries hidden" \
+  ./scripts/no-rdma-libs.sh
 
 step "benchmark smoke (no timings asserted)" \
   target/debug/bench --quick --paths memory,tcp-fallback,tonic-tcp

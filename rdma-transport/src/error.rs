@@ -30,6 +30,13 @@ pub enum Error {
     /// No RDMA device / no RDMA support in the kernel.
     #[error("no RDMA device available: {0}")]
     NoDevice(String),
+    /// The RDMA user-space libraries (`libibverbs.so.1`, `librdmacm.so.1`)
+    /// could not be loaded, or lack a function this crate calls: RDMA is
+    /// unavailable in this process. The text is the loader's, e.g.
+    /// `libibverbs.so.1: cannot open shared object file: No such file or
+    /// directory`. See [`crate::check_libraries`].
+    #[error("RDMA libraries not installed ({0})")]
+    LibraryUnavailable(String),
     /// `rdma_resolve_addr` failed: the address is not reachable over RDMA.
     #[error("rdma_resolve_addr to {addr} failed: {reason}")]
     AddrResolve {
@@ -120,6 +127,7 @@ pub enum Error {
 impl Error {
     /// True when the error means "RDMA is not available for this peer" and a
     /// caller may transparently fall back to TCP: [`Error::NoDevice`],
+    /// [`Error::LibraryUnavailable`],
     /// [`Error::AddrResolve`], [`Error::RouteResolve`], [`Error::Rejected`],
     /// [`Error::Unreachable`], and [`Error::Timeout`] during connection setup.
     /// Errors on an established connection (Protocol, Disconnected,
@@ -128,6 +136,7 @@ impl Error {
         matches!(
             self,
             Error::NoDevice(_)
+                | Error::LibraryUnavailable(_)
                 | Error::AddrResolve { .. }
                 | Error::RouteResolve { .. }
                 | Error::Rejected { .. }
@@ -144,7 +153,7 @@ impl From<Error> for std::io::Error {
     fn from(e: Error) -> std::io::Error {
         use std::io::ErrorKind as K;
         let kind = match &e {
-            Error::NoDevice(_) => K::Unsupported,
+            Error::NoDevice(_) | Error::LibraryUnavailable(_) => K::Unsupported,
             Error::AddrResolve { .. } | Error::RouteResolve { .. } | Error::Unreachable { .. } => {
                 K::HostUnreachable
             }

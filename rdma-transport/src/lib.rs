@@ -38,9 +38,23 @@ pub struct DeviceInfo {
     pub transport: &'static str,
 }
 
-/// Lists RDMA devices; `Ok(empty)` when the kernel has no RDMA support.
+/// Lists RDMA devices; `Ok(empty)` when the kernel has no RDMA support or
+/// the RDMA libraries are not installed ([`check_libraries`] says which).
 pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
     verbs::devices()
+}
+
+/// Loads the RDMA user-space libraries (`libibverbs.so.1`, `librdmacm.so.1`)
+/// if not done yet: they are not linked, but opened at run time on first use
+/// (by this, [`devices`], [`connect`] or [`Listener::bind`]), so a program
+/// starts on a host without them and uses TCP there.
+///
+/// `Err(Error::LibraryUnavailable)` when a library is missing or lacks a
+/// function this crate calls; its text says which, e.g. `RDMA libraries not
+/// installed (libibverbs.so.1: cannot open shared object file: No such file
+/// or directory)`. The outcome of the first attempt holds for the process.
+pub fn check_libraries() -> Result<(), Error> {
+    verbs::dl::load()
 }
 
 /// Process-wide counters (all connections, including closed ones).

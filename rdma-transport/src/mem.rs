@@ -13,6 +13,9 @@ use rdma_sys::*;
 
 use crate::engine::{Action, Buffers};
 use crate::error::Error;
+// Named imports shadow rdma-sys' `extern` declarations: these call the
+// libraries loaded at run time (see `verbs::dl`).
+use crate::verbs::dl::{ibv_dereg_mr, ibv_reg_mr};
 use crate::verbs::{verb_err, Pd, Qp, SendDesc};
 
 /// Process-wide registered bytes (checked against `Config::global_max_registered_bytes`).

@@ -79,11 +79,22 @@ fn transport_config() -> rdma_transport::Config {
     }
 }
 
+/// Why this host has no RDMA device to use: the RDMA libraries are not
+/// installed (`RDMA libraries not installed (libibverbs.so.1: ...)`), or
+/// there is simply no device.
+fn no_device_reason() -> String {
+    match rdma_transport::check_libraries() {
+        Err(e) => e.to_string(),
+        Ok(()) => "no RDMA device on this host".to_string(),
+    }
+}
+
 /// Why RDMA could not be used, in words an operator can act on.
 fn reason(addr: SocketAddr, e: &rdma_transport::Error) -> String {
     use rdma_transport::Error as E;
     match e {
         E::NoDevice(_) => "no RDMA device on this host".to_string(),
+        E::LibraryUnavailable(_) => e.to_string(),
         E::AddrResolve { .. } | E::RouteResolve { .. } => {
             format!("{addr} is not reachable over RDMA ({e})")
         }
@@ -117,9 +128,7 @@ async fn resolve(addr: &str) -> Result<SocketAddr, Error> {
 pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Channel, Error> {
     let addr = resolve(&b.addr).await?;
     match rdma_transport::devices() {
-        Ok(d) if d.is_empty() => {
-            return Err(Error::RdmaUnavailable("no RDMA device on this host".into()))
-        }
+        Ok(d) if d.is_empty() => return Err(Error::RdmaUnavailable(no_device_reason())),
         Err(e) => return Err(Error::RdmaUnavailable(reason(addr, &e))),
         Ok(_) => {}
     }
@@ -171,9 +180,8 @@ pub(crate) async fn start_listener(
     match rdma_transport::devices() {
         Ok(d) if !d.is_empty() => {}
         Ok(_) => {
-            NO_DEVICE_LOGGED.call_once(|| {
-                tracing::info!("no RDMA device on this host: serving gRPC over TCP only")
-            });
+            NO_DEVICE_LOGGED
+                .call_once(|| tracing::info!("{}: serving gRPC over TCP only", no_device_reason()));
             return None;
         }
         Err(e) => {

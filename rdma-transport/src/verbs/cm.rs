@@ -6,6 +6,14 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+// Named imports shadow rdma-sys' `extern` declarations: these call the
+// libraries loaded at run time (see `super::dl`).
+use super::dl::{
+    rdma_accept, rdma_ack_cm_event, rdma_bind_addr, rdma_connect, rdma_create_event_channel,
+    rdma_create_id, rdma_destroy_event_channel, rdma_destroy_id, rdma_disconnect,
+    rdma_get_cm_event, rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr,
+    rdma_resolve_route,
+};
 use super::{errno, set_nonblocking, verb_err};
 use crate::error::Error;
 
@@ -31,6 +39,8 @@ pub(crate) struct CmEvent {
 
 impl EventChannel {
     pub(crate) fn new() -> Result<Arc<EventChannel>, Error> {
+        // Every rdma_cm object starts here: load the libraries (once).
+        super::dl::load()?;
         // SAFETY: no arguments; returns NULL on failure.
         let ptr = unsafe { rdma_create_event_channel() };
         if ptr.is_null() {

@@ -7,6 +7,7 @@
 //! `crate::mem::ConnMemory`, which destroys it before deregistering memory.
 
 pub mod cm;
+pub(crate) mod dl;
 
 use std::ffi::CStr;
 use std::os::fd::RawFd;
@@ -14,6 +15,14 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
+// Named imports shadow rdma-sys' `extern` declarations: these call the
+// libraries loaded at run time (see `dl`).
+use self::dl::{
+    ibv_ack_cq_events, ibv_alloc_pd, ibv_create_comp_channel, ibv_create_cq, ibv_dealloc_pd,
+    ibv_destroy_comp_channel, ibv_destroy_cq, ibv_free_device_list, ibv_get_cq_event,
+    ibv_get_device_guid, ibv_get_device_list, ibv_get_device_name, ibv_modify_qp,
+    ibv_wc_status_str, rdma_create_qp, rdma_destroy_qp,
+};
 use crate::error::{Errno, Error};
 use crate::DeviceInfo;
 
@@ -43,9 +52,13 @@ pub(crate) fn set_nonblocking(fd: RawFd, verb: &'static str) -> Result<(), Error
     Ok(())
 }
 
-/// Lists RDMA devices. A kernel without RDMA (ENOSYS, no sysfs class) yields
-/// an empty list, never an error or a crash.
+/// Lists RDMA devices. A kernel without RDMA (ENOSYS, no sysfs class) or a
+/// host without the RDMA libraries yields an empty list, never an error or a
+/// crash.
 pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
+    if dl::load().is_err() {
+        return Ok(Vec::new());
+    }
     let mut n: i32 = 0;
     // SAFETY: ibv_get_device_list writes the count into `n` and returns a
     // NULL-terminated array (or NULL on failure).

@@ -15,7 +15,10 @@ pub fn required() -> bool {
 /// The address to use, or None (after printing SKIP) when there is no device.
 pub fn device_ip(test: &str) -> Option<IpAddr> {
     let reason = match devices() {
-        Ok(d) if d.is_empty() => "devices() is empty".to_string(),
+        Ok(d) if d.is_empty() => match rdma_transport::check_libraries() {
+            Err(e) => format!("devices() is empty: {e}"),
+            Ok(()) => "devices() is empty".to_string(),
+        },
         Ok(_) => match std::env::var("SOFTROCE_IP").or_else(|_| std::env::var("RDMA_TEST_IP")) {
             Ok(ip) => return Some(ip.parse().expect("SOFTROCE_IP/RDMA_TEST_IP must be an IP")),
             Err(_) => "SOFTROCE_IP / RDMA_TEST_IP not set".to_string(),
