@@ -3,7 +3,10 @@
 # verbs, each bounded by a timeout. SOFTROCE_IN_VM=1 makes a missing device fail.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=target/debug
+# Binaries: RPC_BIN_DIR (scripts/test.sh sets it), else cargo's target directory
+# (honours CARGO_TARGET_DIR).
+BIN=${RPC_BIN_DIR:-$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug}
 : "${SOFTROCE_IP:?not inside the Soft-RoCE VM}" "${VERBS_TEST:?}" "${BEHAVIOUR_TEST:?}" "${RELIABILITY_TEST:?}" "${HOSTILE_TEST:?}"
 export RUST_LOG=${RUST_LOG:-warn} RUST_BACKTRACE=1
 # The emulated VM can be slow to set up a connection when the host is busy:
@@ -44,7 +47,7 @@ if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
     env SOFTROCE_IP="$SOFTROCE_SIW_IP" timeout 300 "$HOSTILE_TEST" --test-threads=1 --nocapture
 fi
 check "rdma_pingpong example (rdma-transport API, both ends in one process)" \
-  timeout 120 target/debug/examples/rdma_pingpong --loopback "$SOFTROCE_IP"
+  timeout 120 "$BIN/examples/rdma_pingpong" --loopback "$SOFTROCE_IP"
 echo "$out" | tail -3
 run "behaviour suite over RDMA (all call kinds, 64 MiB, 1000 calls, deadlines, cancel)" \
   quiet timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --test-threads=1
