@@ -12,7 +12,7 @@ export RUST_LOG=${RUST_LOG:-warn} RUST_BACKTRACE=1
 # The emulated VM can be slow to set up a connection when the host is busy:
 # give rdma_cm time rather than let a client fall back to TCP.
 export RPC_RDMA_CONNECT_TIMEOUT_MS=${RPC_RDMA_CONNECT_TIMEOUT_MS:-15000}
-# The long runs (load: $RELIABILITY_LOAD_CALLS calls, churn: $RELIABILITY_CHURN_CYCLES cycles) run once for the docs
+# The long runs (10^5-call load, 10^3-cycle churn) run once for the docs
 # (docs/reliability.md); CI runs the same tests at a smaller count.
 export RELIABILITY_LOAD_CALLS=${RELIABILITY_LOAD_CALLS:-20000} RELIABILITY_CHURN_CYCLES=${RELIABILITY_CHURN_CYCLES:-300}
 LOG=target/vm-suite-logs; mkdir -p "$LOG"
