@@ -31,6 +31,9 @@ step "host tests (cargo test --workspace)" cargo test --workspace --quiet --no-f
 step "stock gRPC client (grpcio) -> helloworld-server over TCP" \
   python3 tests/stock_client/grpcio_hello.py --server "$BIN/helloworld-server"
 
+step "stock gRPC tooling (grpcio reflection + health) -> helloworld-server over TCP" \
+  python3 tests/stock_client/grpcio_reflection.py --server "$BIN/helloworld-server"
+
 step "benchmark smoke (no timings asserted)" \
   "$BIN/bench" --quick --paths memory,tcp-fallback,tonic-tcp
 step "fuzz smoke (every target, 10 s each)" ./scripts/fuzz.sh 10
