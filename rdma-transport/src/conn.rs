@@ -149,6 +149,18 @@ fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
     }
 }
 
+/// Engine::new only fails on a bad peer hello, which decode already refused.
+fn engine_err(e: EngineError) -> Error {
+    match e {
+        EngineError::Protocol(v) => Error::Protocol(v),
+        EngineError::Completion { status, .. } => Error::Completion {
+            status,
+            status_str: Cq::status_str(status),
+            what: "setup",
+        },
+    }
+}
+
 fn ms(d: Duration) -> i32 {
     d.as_millis().clamp(1, i32::MAX as u128) as i32
 }
@@ -157,7 +169,7 @@ fn ms(d: Duration) -> i32 {
 pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error> {
     let h = handshake(addr, cfg, |_| {}).await?;
     let ecfg = engine_config(cfg, &h.res, h.peer_hello);
-    let mut engine = Engine::new(ecfg);
+    let mut engine = Engine::new(ecfg).map_err(engine_err)?;
     let _already_posted = engine.take_actions();
     // §2.3: the active side sends first (iWARP requirement).
     engine.send_initial_credit();
@@ -282,8 +294,7 @@ pub(crate) async fn handshake(
         .await
         .map_err(|_| Error::Timeout { stage: "connect" })??;
     let peer_hello = match e.kind {
-        ev::RDMA_CM_EVENT_ESTABLISHED => Hello::decode(&e.private_data)
-            .map_err(|m| Error::Protocol(format!("accept data: {m}")))?,
+        ev::RDMA_CM_EVENT_ESTABLISHED => Hello::decode(&e.private_data).map_err(Error::Protocol)?,
         ev::RDMA_CM_EVENT_REJECTED => {
             let reason = String::from_utf8(e.private_data.clone())
                 .ok()
@@ -371,7 +382,7 @@ impl Listener {
                 Ok(h) => h,
                 Err(m) => {
                     id.reject(b"bad hello");
-                    return Err(Error::Protocol(format!("connect request: {m}")));
+                    return Err(Error::Protocol(m));
                 }
             };
             return self.setup_passive(id, peer_hello).await;
@@ -408,7 +419,7 @@ impl Listener {
             });
         }
         let peer = id.peer_addr().unwrap_or(self.local);
-        let mut engine = Engine::new(engine_config(cfg, &res, peer_hello));
+        let mut engine = Engine::new(engine_config(cfg, &res, peer_hello)).map_err(engine_err)?;
         let _already_posted = engine.take_actions();
         engine.set_wait_first_recv();
         spawn_driver(chan, afd, id, res, engine, cfg.clone(), peer, peer_hello)
@@ -777,7 +788,7 @@ impl Driver {
                 };
                 if let Err(e) = self.engine.on_completion(c, &self.mem) {
                     return Err(match e {
-                        EngineError::Protocol(m) => Error::Protocol(m),
+                        EngineError::Protocol(v) => Error::Protocol(v),
                         EngineError::Completion { status, .. } if status == WC_FLUSH_ERR => {
                             Error::Disconnected
                         }

@@ -24,7 +24,7 @@ mod verbs;
 
 pub use config::Config;
 pub use conn::{connect, Connection, Listener, RecvHalf, SendHalf};
-pub use error::{Errno, Error};
+pub use error::{Errno, Error, PeerMisbehaved};
 pub use stats::{ConnStats, StatsSnapshot};
 
 /// An RDMA device found by [`devices`].

@@ -290,10 +290,11 @@ impl RawPeer {
         if let Some(w) = self.in_flight {
             self.poll()?;
             if !self.sq_done.iter().any(|c| c.wr_id == w) {
-                return Err(Error::Protocol(
-                    "raw peer: the previous work request has not completed; its buffer stays posted"
-                        .into(),
-                ));
+                // The previous wait timed out (or was dropped) and its
+                // buffer is still posted: it must not be rewritten.
+                return Err(Error::Timeout {
+                    stage: "raw peer: previous work request still posted",
+                });
             }
             self.sq_done.clear();
             self.in_flight = None;

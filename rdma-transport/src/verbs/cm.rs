@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rdma_sys::*;
 
-use super::{errno, set_nonblocking, verb_err};
+use super::{errno, set_nonblocking, verb_err, warn_destroy};
 use crate::error::Error;
 
 /// An rdma_cm event channel (fd made non-blocking for tokio's AsyncFd).
@@ -104,7 +104,8 @@ impl EventChannel {
         };
         // SAFETY: ev came from rdma_get_cm_event and is acked exactly once;
         // everything needed was copied out above.
-        unsafe { rdma_ack_cm_event(ev) };
+        let r = unsafe { rdma_ack_cm_event(ev) };
+        warn_destroy("rdma_ack_cm_event", r);
         Ok(Some(CmEvent {
             kind,
             status,
@@ -304,8 +305,11 @@ impl CmId {
     }
 
     pub(crate) fn reject(&self, private: &[u8]) {
-        // SAFETY: live id from a CONNECT_REQUEST; private data valid during call.
-        unsafe { rdma_reject(self.ptr, private.as_ptr() as *const _, private.len() as u8) };
+        let len = private.len().min(u8::MAX as usize) as u8;
+        // SAFETY: live id from a CONNECT_REQUEST; `len` bytes of private
+        // data are valid during the call (librdmacm copies them).
+        let r = unsafe { rdma_reject(self.ptr, private.as_ptr() as *const _, len) };
+        warn_destroy("rdma_reject", r);
     }
 
     pub(crate) fn disconnect(&self) -> Result<(), Error> {
@@ -330,6 +334,7 @@ impl Drop for CmId {
         // SAFETY: id created by rdma_create_id or delivered by CONNECT_REQUEST;
         // destroyed once. The QP (if any) was destroyed first: Qp holds an
         // Arc<CmId>.
-        unsafe { rdma_destroy_id(self.ptr) };
+        let r = unsafe { rdma_destroy_id(self.ptr) };
+        warn_destroy("rdma_destroy_id", r);
     }
 }
