@@ -38,6 +38,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Server::builder()
         .tcp_only(args.tcp_only)
         .add_service(GreeterServer::new(greeter))
+        // The echo test service too (slow handlers, status details, streams):
+        // stock clients check deadlines and cancellation against it
+        // (tests/stock_client/grpcio_hello.py).
+        .add_service(rpc_examples::pb::echo::echo_server::EchoServer::new(
+            rpc_examples::echo::EchoService::default(),
+        ))
         .add_service(health_service)
         .add_service(reflection().build_v1()?)
         .add_service(reflection().build_v1alpha()?)
