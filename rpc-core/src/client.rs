@@ -386,14 +386,14 @@ impl tower::Service<http::Request<Body>> for Channel {
                 let m = m.clone();
                 let slot = match std::mem::replace(&mut self.ready, Ready::Idle) {
                     Ready::Reserved(slot) => Some(slot),
-                    Ready::Failed(st) => return Box::pin(async move { Ok(trailers_only(st)) }),
+                    Ready::Failed(st) => return Box::pin(async move { Err(status_error(st)) }),
                     // `call` without `poll_ready`: the call waits for its slot itself.
                     Ready::Idle | Ready::Waiting(_) => None,
                 };
                 Box::pin(async move {
                     match msg_call(m, slot, req).await {
                         Ok(r) => Ok(r),
-                        Err(status) => Ok(trailers_only(status)),
+                        Err(status) => Err(status_error(status)),
                     }
                 })
             }
@@ -417,6 +417,13 @@ fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
         cur = err.source();
     }
     false
+}
+
+/// A call that failed before its response: tonic's client takes the `Status`
+/// back as it is (`Status::from_error` downcasts it), its `source()` included
+/// (e.g. the [`PeerMisbehaved`](crate::PeerMisbehaved) that closed the connection).
+fn status_error(status: Status) -> BoxError {
+    Box::new(status)
 }
 
 /// A response carrying only a status, as gRPC's "Trailers-Only".

@@ -579,3 +579,55 @@ async fn an_oversized_rdma_message_closes_the_connection() {
     .await
     .expect("finished within 60 s");
 }
+
+/// The other direction: a server that breaks the protocol (it sends OPEN,
+/// which only clients may, §1.3). The client closes the connection and its
+/// call fails with `Internal` whose `source()` is the violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misbehaving_server_fails_the_calls_with_the_violation_as_source() {
+    let (a, b) = mem::pair();
+    let (mut tx, mut rx) = b.split();
+    let server = tokio::spawn(async move {
+        tx.send(frame::encode_hello(&Hello {
+            version: frame::PROTOCOL_VERSION,
+            features: 0,
+            max_concurrent_calls: 100,
+            initial_window: 1 << 20,
+            max_metadata_bytes: 16 << 10,
+            connection_window: 1 << 30,
+        }))
+        .await
+        .unwrap();
+        let _client_hello = rx.recv().await.unwrap().unwrap();
+        let _client_open = rx.recv().await.unwrap().unwrap();
+        tx.send(open(1)).await.unwrap();
+        // The client answers with GOAWAY and closes.
+        let mut frames = vec![];
+        while let Ok(Some(f)) = rx.recv().await {
+            frames.push(frame::decode(f, &LIM).unwrap());
+        }
+        frames
+    });
+    let ch = rpc_core::Channel::from_connection(a, TransportKind::Memory, Default::default())
+        .await
+        .unwrap();
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        EchoClient::new(ch).unary_echo(EchoRequest::default()),
+    )
+    .await
+    .expect("the call ends")
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err:?}");
+    let source = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<PeerMisbehaved>());
+    assert_eq!(source, Some(&PeerMisbehaved::OpenToClient), "{err:?}");
+    let frames = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the client closes the connection")
+        .unwrap();
+    assert_eq!(
+        goaway_code(&frames),
+        Some(Code::Internal as u32),
+        "{frames:?}"
+    );
+}
