@@ -20,7 +20,9 @@ use rdma_transport::testing::{RawPeer, WC_REM_ACCESS_ERR};
 use rdma_transport::{connect, Config, Error, Listener, PeerMisbehaved};
 
 mod common;
-use common::{device_ip, pattern};
+use common::{device_ip, iwarp, pattern};
+
+mod listener;
 
 /// How each connection the listener accepted ended.
 #[derive(Debug, Clone)]
@@ -41,6 +43,8 @@ struct EchoServer {
     /// port space is TCP's, and ports are reused).
     outcomes: Arc<Mutex<HashMap<SocketAddr, Outcome>>>,
     rejected: Arc<Mutex<Vec<Error>>>,
+    /// `Listener::refused`, published every 20 ms.
+    refused: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -53,10 +57,24 @@ impl EchoServer {
         let outcomes = Arc::new(Mutex::new(HashMap::new()));
         let accepted = Arc::new(Mutex::new(Vec::new()));
         let rejected = Arc::new(Mutex::new(Vec::new()));
-        let (o, r, a) = (outcomes.clone(), rejected.clone(), accepted.clone());
+        let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (o, r, a, f) = (
+            outcomes.clone(),
+            rejected.clone(),
+            accepted.clone(),
+            refused.clone(),
+        );
         let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
             loop {
-                let c = match l.accept().await {
+                let c = tokio::select! {
+                    c = l.accept() => c,
+                    _ = tick.tick() => {
+                        f.store(l.refused(), std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                };
+                let c = match c {
                     Ok(c) => c,
                     Err(e) => {
                         r.lock().unwrap().push(e);
@@ -95,6 +113,7 @@ impl EchoServer {
             accepted,
             outcomes,
             rejected,
+            refused,
             task,
         }
     }
@@ -212,13 +231,6 @@ async fn within<F: std::future::Future<Output = ()>>(secs: u64, what: &str, f: F
     tokio::time::timeout(Duration::from_secs(secs), f)
         .await
         .unwrap_or_else(|_| panic!("{what} did not finish within {secs} s"));
-}
-
-/// iWARP (siw) under test: set by the VM suite's siw run, or by hand.
-fn iwarp() -> bool {
-    std::env::var("RDMA_TEST_IWARP").as_deref() == Ok("1")
-        || (std::env::var("SOFTROCE_SIW_IP").is_ok()
-            && std::env::var("SOFTROCE_SIW_IP").ok() == std::env::var("SOFTROCE_IP").ok())
 }
 
 /// Asserts that an RDMA WRITE the raw peer made was refused by the
@@ -443,13 +455,27 @@ async fn forged_rendezvous_notifications_close_the_connection() {
                 ),
             };
             let st = st.unwrap();
-            println!("{case}: SEND completed with {:?}", st.text);
+            println!(
+                "{case}: connection from {me}: SEND completed with {:?}",
+                st.text
+            );
+            let t = std::time::Instant::now();
             server.expect_violation(me, case, want).await;
+            println!(
+                "{case}: outcome {:.1} ms after the SEND",
+                t.elapsed().as_secs_f64() * 1e3
+            );
             assert!(
                 p.wait_disconnected(Duration::from_secs(10)).await.unwrap(),
                 "{case}: the listener disconnected the offender"
             );
             server.assert_accepted(&[me], case);
+            let t = std::time::Instant::now();
+            drop(p);
+            println!(
+                "{case}: raw peer torn down in {:.1} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
             last = Some(server);
         }
         last.expect("8 cases")

@@ -249,13 +249,25 @@ impl CmId {
         cm_call(r, "rdma_listen")
     }
 
-    pub(crate) fn resolve_addr(&self, dst: SocketAddr, timeout_ms: i32) -> Result<(), Error> {
+    /// Starts address resolution to `dst`, from the local address `src`
+    /// when given (else the one routing picks).
+    pub(crate) fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout_ms: i32,
+    ) -> Result<(), Error> {
         let (mut ss, _) = to_sockaddr(dst);
-        // SAFETY: live id; ss valid for the call (librdmacm copies it).
+        let mut src_ss = src.map(|a| to_sockaddr(a).0);
+        let src_ptr = src_ss
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |s| s as *mut _ as *mut libc::sockaddr);
+        // SAFETY: live id; ss (and src_ss, when given) are valid sockaddrs
+        // that outlive the call (librdmacm copies them); NULL src is allowed.
         let r = unsafe {
             rdma_resolve_addr(
                 self.ptr,
-                std::ptr::null_mut(),
+                src_ptr,
                 &mut ss as *mut _ as *mut libc::sockaddr,
                 timeout_ms,
             )
@@ -269,7 +281,7 @@ impl CmId {
         cm_call(r, "rdma_resolve_route")
     }
 
-    fn param(private: &[u8]) -> rdma_conn_param {
+    fn param(private: &[u8], qp_num: u32) -> rdma_conn_param {
         rdma_conn_param {
             private_data: private.as_ptr() as *const _,
             private_data_len: private.len() as u8,
@@ -285,20 +297,29 @@ impl CmId {
             // mean a SEND never meets an empty receive queue.
             rnr_retry_count: 7,
             srq: 0,
-            qp_num: 0,
+            // Ignored when the id has a QP (librdmacm sends the QP's number).
+            qp_num,
         }
     }
 
     pub(crate) fn connect(&self, private: &[u8]) -> Result<(), Error> {
-        let mut p = Self::param(private);
-        // SAFETY: live id with a QP; private data valid during the call
-        // (librdmacm copies it).
+        self.connect_qpn(private, 0)
+    }
+
+    /// `rdma_connect`; `qp_num` is what the request names when the id has
+    /// no QP (only the test helper `testing::StalledConnect` connects
+    /// without one: such a connection can never carry data).
+    pub(crate) fn connect_qpn(&self, private: &[u8], qp_num: u32) -> Result<(), Error> {
+        let mut p = Self::param(private, qp_num);
+        // SAFETY: live id with a resolved route (with a QP, or without one,
+        // see above); private data valid during the call (librdmacm copies
+        // it).
         let r = unsafe { rdma_connect(self.ptr, &mut p) };
         cm_call(r, "rdma_connect")
     }
 
     pub(crate) fn accept(&self, private: &[u8]) -> Result<(), Error> {
-        let mut p = Self::param(private);
+        let mut p = Self::param(private, 0);
         // SAFETY: as for connect.
         let r = unsafe { rdma_accept(self.ptr, &mut p) };
         cm_call(r, "rdma_accept")
