@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tonic::body::Body;
-use tonic::Status;
+use tonic::{Code, Status};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -374,11 +374,16 @@ impl tower::Service<http::Request<Body>> for Channel {
                         }
                         // A connection that fails or closes under a call is
                         // UNAVAILABLE in gRPC's terms, as on the message transports
-                        // (tonic alone reports some of these as CANCELLED or UNKNOWN).
-                        Err(e) => Ok(trailers_only(Status::unavailable(format!(
-                            "tcp connection failed: {}",
-                            error_chain(&e)
-                        )))),
+                        // (tonic alone reports some of these as CANCELLED or UNKNOWN);
+                        // an error of this call's stream only is not a connection's.
+                        Err(e) => Ok(trailers_only(stream_reset_status(&e).unwrap_or_else(
+                            || {
+                                Status::unavailable(format!(
+                                    "tcp connection failed: {}",
+                                    error_chain(&e)
+                                ))
+                            },
+                        ))),
                     }
                 })
             }
@@ -406,6 +411,43 @@ fn is_tonic_timeout_response(r: &http::Response<Body>) -> bool {
     h.get("grpc-status").is_some_and(|v| v == "1")
         && h.get("grpc-message")
             .is_some_and(|v| v == "Timeout expired" || v == "Timeout%20expired")
+}
+
+/// An HTTP/2 error that reset only this call's stream, not the connection
+/// (e.g. response headers over this side's `SETTINGS_MAX_HEADER_LIST_SIZE`):
+/// its status per gRPC's `PROTOCOL-HTTP2.md` ("Errors": RST_STREAM codes).
+fn stream_reset_status(e: &(dyn std::error::Error + 'static)) -> Option<Status> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<h2::Error>() {
+            if !h.is_reset() {
+                return None;
+            }
+            let reason = h.reason()?;
+            let code = match reason {
+                h2::Reason::REFUSED_STREAM => Code::Unavailable,
+                h2::Reason::CANCEL => Code::Cancelled,
+                h2::Reason::ENHANCE_YOUR_CALM => Code::ResourceExhausted,
+                h2::Reason::INADEQUATE_SECURITY => Code::PermissionDenied,
+                _ => Code::Internal,
+            };
+            let by = if h.is_remote() {
+                "the server"
+            } else {
+                "this client"
+            };
+            return Some(Status::new(
+                code,
+                format!(
+                    "the HTTP/2 stream of this call was reset by {by} ({reason:?}); \
+                     the connection and other calls carry on: {}",
+                    error_chain(e)
+                ),
+            ));
+        }
+        cur = err.source();
+    }
+    None
 }
 
 fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
