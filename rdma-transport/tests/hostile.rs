@@ -38,6 +38,8 @@ struct EchoServer {
     addr: SocketAddr,
     /// Peers of the connections accepted, in order.
     accepted: Arc<Mutex<Vec<SocketAddr>>>,
+    /// Counters of each accepted connection (printed when one hangs).
+    stats: Arc<Mutex<HashMap<SocketAddr, Arc<rdma_transport::ConnStats>>>>,
     /// How each connection ended, until `outcome` takes it (a later
     /// connection may come from the same address and port: on iWARP the
     /// port space is TCP's, and ports are reused).
@@ -56,6 +58,8 @@ impl EchoServer {
         let addr = l.local_addr();
         let outcomes = Arc::new(Mutex::new(HashMap::new()));
         let accepted = Arc::new(Mutex::new(Vec::new()));
+        let stats = Arc::new(Mutex::new(HashMap::new()));
+        let st = stats.clone();
         let rejected = Arc::new(Mutex::new(Vec::new()));
         let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let (o, r, a, f) = (
@@ -83,6 +87,7 @@ impl EchoServer {
                 };
                 let o = o.clone();
                 a.lock().unwrap().push(c.peer_addr());
+                st.lock().unwrap().insert(c.peer_addr(), c.stats());
                 tokio::spawn(async move {
                     let peer = c.peer_addr();
                     let (mut tx, mut rx) = c.split();
@@ -111,6 +116,7 @@ impl EchoServer {
         EchoServer {
             addr,
             accepted,
+            stats,
             outcomes,
             rejected,
             refused,
@@ -133,9 +139,11 @@ impl EchoServer {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let ended = format!("{:?}", self.outcomes.lock().unwrap());
+        let stats = self.stats.lock().unwrap().get(&peer).map(|s| s.snapshot());
         panic!(
-            "the listener's connection from {peer} did not end within {limit:?}; ended: {:?}",
-            self.outcomes.lock().unwrap()
+            "the listener's connection from {peer} did not end within {limit:?}; ended: {ended}; \
+             its counters: {stats:?}"
         );
     }
 
