@@ -1,6 +1,9 @@
 fn main() {
     // One call: .proto -> prost messages + tonic client/server, no protoc needed.
-    if let Err(e) = rpc_codegen::compile_protos(
+    // The descriptor set feeds tonic-reflection in helloworld-server.
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    if let Err(e) = rpc_codegen::compile_with(
+        rpc_codegen::configure().file_descriptor_set_path(out.join("examples_descriptor.bin")),
         &[
             "../proto/helloworld.proto",
             "../proto/routeguide.proto",

@@ -17,7 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-BIN=$ROOT/target/release/bench
+# cargo's target directory (honours CARGO_TARGET_DIR); raw outputs stay in the repo.
+TARGET_DIR=${BENCH_TARGET_DIR:-$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')}
+export BENCH_TARGET_DIR=$TARGET_DIR
+BIN=$TARGET_DIR/release/bench
 CG_CALLS=${CG_CALLS:-2000}      # callgrind: N and 2N small calls on the host
 CG_VM_CALLS=${CG_VM_CALLS:-200} # ... and in the VM (rdma path; valgrind under TCG is slow)
 

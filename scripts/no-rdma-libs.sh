@@ -10,7 +10,7 @@
 #      `RDMA libraries not installed (libibverbs.so.1: ...)`; a stock grpcio client
 #      still reaches the server.
 # Usage: scripts/no-rdma-libs.sh   (root, or unprivileged user namespaces for `unshare -rm`)
-# Env: CARGO_TARGET_DIR is honoured; NO_RDMA_LIBS_SKIP_RELEASE=1 skips the release build.
+# Env: NO_RDMA_LIBS_SKIP_RELEASE=1 skips the release build (and its check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -106,8 +106,10 @@ if [ "${1:-}" = "--in-namespace" ]; then
 fi
 
 # ------------------------------------------------- 1. NEEDED entries
-TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
-case $TARGET in /*) ;; *) TARGET=$ROOT/$TARGET ;; esac
+# Where cargo puts binaries (honours CARGO_TARGET_DIR and build.target-dir).
+TARGET=$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') || {
+  echo "cargo metadata failed"; exit 1; }
 LOG=$TARGET/no-rdma-libs; mkdir -p "$LOG"
 fail=0
 

@@ -12,6 +12,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 SOFTROCE=${SOFTROCE_SCRIPT:-$ROOT/../shared/softroce/run-in-softroce-vm.sh}
+# Where cargo puts binaries: honours CARGO_TARGET_DIR and .cargo/config.toml's build.target-dir.
+TARGET_DIR=$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])') || {
+  echo "cargo metadata failed"; exit 1; }
+BIN=$TARGET_DIR/debug
+export RPC_BIN_DIR=$BIN
 passed=0; failed=0; failures=()
 step() {
   local name=$1; shift
@@ -24,12 +30,15 @@ step() {
 step "build (workspace, all targets)" cargo build --workspace --all-targets --quiet
 step "host tests (cargo test --workspace)" cargo test --workspace --quiet --no-fail-fast
 step "stock gRPC client (grpcio) -> helloworld-server over TCP" \
-  python3 tests/stock_client/grpcio_hello.py --server target/debug/helloworld-server
+  python3 tests/stock_client/grpcio_hello.py --server "$BIN/helloworld-server"
+
+step "stock gRPC tooling (grpcio reflection + health) -> helloworld-server over TCP" \
+  python3 tests/stock_client/grpcio_reflection.py --server "$BIN/helloworld-server"
 step "run anywhere: no NEEDED RDMA library; demo, helloworld and grpcio with the RDMA libraries hidden" \
   ./scripts/no-rdma-libs.sh
 
 step "benchmark smoke (no timings asserted)" \
-  target/debug/bench --quick --paths memory,tcp-fallback,tonic-tcp
+  "$BIN/bench" --quick --paths memory,tcp-fallback,tonic-tcp
 step "fuzz smoke (every target, 10 s each)" ./scripts/fuzz.sh 10
 
 # Test binaries that need a device, built above; found by target name.

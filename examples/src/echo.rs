@@ -81,10 +81,14 @@ fn requested_failure(req: &EchoRequest) -> Option<Status> {
     }
     let mut md = MetadataMap::new();
     md.insert("x-trailer-reason", "requested".parse().unwrap());
+    let details = match req.status_details_bytes {
+        0 => Bytes::from_static(b"\x08\x2a detail-bytes"),
+        n => Bytes::from(vec![0x5A; n as usize]),
+    };
     Some(Status::with_details_and_metadata(
         Code::from_i32(req.fail_with_code),
         format!("failing as asked: {}", req.message),
-        Bytes::from_static(b"\x08\x2a detail-bytes"),
+        details,
         md,
     ))
 }
@@ -104,6 +108,29 @@ fn reply(req: &EchoRequest, seq: u32) -> EchoResponse {
 }
 
 type RespStream = Pin<Box<dyn Stream<Item = Result<EchoResponse, Status>> + Send>>;
+
+/// A response stream that counts its call completed when it ends and
+/// cancelled when it is dropped before.
+struct Tracked<S> {
+    inner: S,
+    track: Option<Track>,
+}
+
+impl<S: Stream + Unpin> Stream for Tracked<S> {
+    type Item = S::Item;
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        let r = Pin::new(&mut self.inner).poll_next(cx);
+        if let std::task::Poll::Ready(None) = r {
+            if let Some(t) = self.track.take() {
+                t.done();
+            }
+        }
+        r
+    }
+}
 
 #[tonic::async_trait]
 impl Echo for EchoService {
@@ -192,6 +219,10 @@ impl Echo for EchoService {
     ) -> Result<Response<RespStream>, Status> {
         let mut stream = request.into_inner();
         let (tx, rx) = mpsc::channel(4);
+        // The call is the response stream: it completes when the server has
+        // sent its end, and is cancelled when the server drops it before
+        // (tonic ends a request stream the client cancelled as if the client
+        // had half-closed, so the request side cannot tell).
         let track = Track::new(&self.stats);
         tokio::spawn(async move {
             let mut seq = 0;
@@ -204,10 +235,10 @@ impl Echo for EchoService {
                     return;
                 }
             }
-            track.done();
         });
-        Ok(Response::new(
-            Box::pin(ReceiverStream::new(rx)) as RespStream
-        ))
+        Ok(Response::new(Box::pin(Tracked {
+            inner: ReceiverStream::new(rx),
+            track: Some(track),
+        }) as RespStream))
     }
 }

@@ -14,7 +14,7 @@ impl Greeter for MyGreeter {
         &self,
         request: Request<HelloRequest>,
     ) -> Result<Response<HelloReply>, Status> {
-        println!("Got a request from {:?}", request.remote_addr());
+        tracing::debug!("Got a request from {:?}", request.remote_addr());
 
         let reply = HelloReply {
             message: format!("Hello {}!", request.into_inner().name),

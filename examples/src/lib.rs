@@ -13,6 +13,10 @@ pub mod pb {
     pub mod echo {
         tonic::include_proto!("echo");
     }
+    /// The encoded `FileDescriptorSet` of every example `.proto` (for
+    /// tonic-reflection), written by `rpc_codegen` at build time.
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("examples_descriptor");
 }
 
 pub mod echo;

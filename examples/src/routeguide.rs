@@ -20,7 +20,7 @@ pub struct RouteGuideService {
 #[tonic::async_trait]
 impl RouteGuide for RouteGuideService {
     async fn get_feature(&self, request: Request<Point>) -> Result<Response<Feature>, Status> {
-        println!("GetFeature = {:?}", request);
+        tracing::debug!("GetFeature = {:?}", request.get_ref());
 
         for feature in &self.features[..] {
             if feature.location.as_ref() == Some(request.get_ref()) {
@@ -37,7 +37,7 @@ impl RouteGuide for RouteGuideService {
         &self,
         request: Request<Rectangle>,
     ) -> Result<Response<Self::ListFeaturesStream>, Status> {
-        println!("ListFeatures = {:?}", request);
+        tracing::debug!("ListFeatures = {:?}", request.get_ref());
 
         let (tx, rx) = mpsc::channel(4);
         let features = self.features.clone();
@@ -45,12 +45,11 @@ impl RouteGuide for RouteGuideService {
         tokio::spawn(async move {
             for feature in &features[..] {
                 if in_range(feature.location.as_ref().unwrap(), request.get_ref()) {
-                    println!("  => send {:?}", feature);
                     tx.send(Ok(feature.clone())).await.unwrap();
                 }
             }
 
-            println!(" /// done sending");
+            tracing::debug!("ListFeatures: done sending");
         });
 
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -60,7 +59,7 @@ impl RouteGuide for RouteGuideService {
         &self,
         request: Request<tonic::Streaming<Point>>,
     ) -> Result<Response<RouteSummary>, Status> {
-        println!("RecordRoute");
+        tracing::debug!("RecordRoute");
 
         let mut stream = request.into_inner();
 
@@ -70,8 +69,6 @@ impl RouteGuide for RouteGuideService {
 
         while let Some(point) = stream.next().await {
             let point = point?;
-
-            println!("  ==> Point = {:?}", point);
 
             // Increment the point count
             summary.point_count += 1;
@@ -102,7 +99,7 @@ impl RouteGuide for RouteGuideService {
         &self,
         request: Request<tonic::Streaming<RouteNote>>,
     ) -> Result<Response<Self::RouteChatStream>, Status> {
-        println!("RouteChat");
+        tracing::debug!("RouteChat");
 
         let mut notes = HashMap::new();
         let mut stream = request.into_inner();

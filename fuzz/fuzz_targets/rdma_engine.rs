@@ -3,9 +3,12 @@
 //! credits, rendezvous notifications) and in our rendezvous buffers, completions
 //! arrive in any order with any wr_id. The engine may fail the connection, but
 //! never panics, never asks to post outside its own buffers, and never RDMA
-//! WRITEs outside the region the peer advertised.
+//! WRITEs outside the region the peer advertised. The peer's hello is fuzzed
+//! too (when the first byte is odd): a hello `Hello::decode` refuses must be
+//! refused by `Engine::new` as well, and with any hello it accepts (any
+//! region up to the top of the address space) every WRITE stays inside it.
 #![no_main]
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use rdma_transport::engine::wire::{Hello, VERSION};
 use rdma_transport::engine::{sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event};
@@ -33,8 +36,13 @@ impl Buffers for Mem {
     fn send_slot(&mut self, i: u32) -> &mut [u8] {
         &mut self.send[i as usize * SLOT..(i as usize + 1) * SLOT]
     }
-    fn rdv_buf(&self, i: u32) -> &[u8] {
-        &self.rdv[i as usize * RDV_BYTES..(i as usize + 1) * RDV_BYTES]
+    fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut) {
+        assert!(
+            len <= RDV_BYTES,
+            "copy of {len} bytes from a rendezvous buffer"
+        );
+        let off = i as usize * RDV_BYTES;
+        out.extend_from_slice(&self.rdv[off..off + len]);
     }
     fn staging(&mut self, i: u32) -> &mut [u8] {
         &mut self.staging[i as usize * RDV_BYTES..(i as usize + 1) * RDV_BYTES]
@@ -63,7 +71,7 @@ impl Input<'_> {
 }
 
 /// Checks every action against the local and the advertised bounds.
-fn drain(e: &mut Engine, posted: &mut VecDeque<u64>, sq: &mut VecDeque<u64>) {
+fn drain(e: &mut Engine, peer: &Hello, posted: &mut VecDeque<u64>, sq: &mut VecDeque<u64>) {
     for a in e.take_actions() {
         match a {
             Action::PostRecv { slot, wr_id } => {
@@ -89,12 +97,18 @@ fn drain(e: &mut Engine, posted: &mut VecDeque<u64>, sq: &mut VecDeque<u64>) {
                     "staging {staging} len {len}"
                 );
                 assert_eq!(
-                    rkey, PEER_RKEY,
+                    rkey, peer.rdv_rkey,
                     "WRITE with an rkey the peer never advertised"
                 );
-                let end = PEER_RDV_ADDR + u64::from(RDV_COUNT) * RDV_BYTES as u64;
+                let end = peer
+                    .rdv_addr
+                    .checked_add(u64::from(peer.rdv_count) * u64::from(peer.rdv_bytes))
+                    .expect("an accepted hello's region does not wrap");
                 assert!(
-                    remote_addr >= PEER_RDV_ADDR && remote_addr + len as u64 <= end,
+                    remote_addr >= peer.rdv_addr
+                        && remote_addr
+                            .checked_add(len as u64)
+                            .is_some_and(|e| e <= end),
                     "WRITE of {len} bytes at {remote_addr:#x} outside the advertised region"
                 );
                 sq.push_back(wr_id);
@@ -113,7 +127,8 @@ fn drain(e: &mut Engine, posted: &mut VecDeque<u64>, sq: &mut VecDeque<u64>) {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let peer = Hello {
+    let mut input = Input(data);
+    let mut peer = Hello {
         version: VERSION,
         flags: 0,
         credits: SLOTS,
@@ -124,7 +139,62 @@ fuzz_target!(|data: &[u8]| {
         rdv_rkey: PEER_RKEY,
         max_message: MAX_MESSAGE as u64,
     };
-    let mut e = Engine::new(EngineConfig {
+    if input.byte().unwrap_or(0) & 1 == 1 {
+        // A hello with fuzzed fields (magic and version right, so that the
+        // range and overflow checks are what decides).
+        let mut b = peer.encode();
+        let t = input.take(b.len() - 8);
+        b[8..8 + t.len()].copy_from_slice(t);
+        peer = Hello {
+            flags: 0,
+            credits: u32::from_le_bytes(b[8..12].try_into().unwrap()),
+            recv_slot_bytes: u32::from_le_bytes(b[12..16].try_into().unwrap()),
+            rdv_count: u32::from_le_bytes(b[16..20].try_into().unwrap()),
+            rdv_bytes: u32::from_le_bytes(b[20..24].try_into().unwrap()),
+            rdv_addr: u64::from_le_bytes(b[24..32].try_into().unwrap()),
+            rdv_rkey: u32::from_le_bytes(b[32..36].try_into().unwrap()),
+            max_message: u64::from_le_bytes(b[36..44].try_into().unwrap()),
+            ..peer
+        };
+        // Engine::new must agree with the decoder (§2.2).
+        let decoded = Hello::decode(&peer.encode());
+        if let Ok(d) = &decoded {
+            assert_eq!(d, &peer, "decode(encode(h)) == h");
+        } else {
+            let r = Engine::new(engine_config(peer));
+            assert!(
+                r.is_err(),
+                "Engine::new accepted a hello decode refuses: {peer:?}"
+            );
+            return;
+        }
+    }
+    let Ok(mut e) = Engine::new(engine_config(peer)) else {
+        panic!("Engine::new refused a hello decode accepts: {peer:?}");
+    };
+    let mut mem = Mem {
+        recv: vec![0; SLOTS as usize * SLOT],
+        send: vec![0; SLOTS as usize * SLOT],
+        rdv: vec![0; RDV_COUNT as usize * RDV_BYTES],
+        staging: vec![0; RDV_COUNT as usize * RDV_BYTES],
+    };
+    let mut posted = VecDeque::new();
+    let mut sq = VecDeque::new();
+    let mut seq = 0u64;
+    drain(&mut e, &peer, &mut posted, &mut sq);
+    run(
+        &mut e,
+        &peer,
+        &mut mem,
+        &mut input,
+        &mut posted,
+        &mut sq,
+        &mut seq,
+    );
+});
+
+fn engine_config(peer: Hello) -> EngineConfig {
+    EngineConfig {
         recv_slots: SLOTS,
         recv_slot_bytes: SLOT,
         send_slots: SLOTS,
@@ -139,18 +209,18 @@ fuzz_target!(|data: &[u8]| {
         signal_every: 4,
         max_inline: 64,
         peer,
-    });
-    let mut mem = Mem {
-        recv: vec![0; SLOTS as usize * SLOT],
-        send: vec![0; SLOTS as usize * SLOT],
-        rdv: vec![0; RDV_COUNT as usize * RDV_BYTES],
-        staging: vec![0; RDV_COUNT as usize * RDV_BYTES],
-    };
-    let mut posted = VecDeque::new();
-    let mut sq = VecDeque::new();
-    let mut seq = 0u64;
-    drain(&mut e, &mut posted, &mut sq);
-    let mut input = Input(data);
+    }
+}
+
+fn run(
+    e: &mut Engine,
+    peer: &Hello,
+    mem: &mut Mem,
+    input: &mut Input<'_>,
+    posted: &mut VecDeque<u64>,
+    sq: &mut VecDeque<u64>,
+    seq: &mut u64,
+) {
     while let Some(op) = input.byte() {
         let r = match op % 6 {
             // The peer SENDs: arbitrary bytes land in the next posted receive.
@@ -169,7 +239,7 @@ fuzz_target!(|data: &[u8]| {
                         status: 0,
                         byte_len: len as u32,
                     },
-                    &mem,
+                    mem,
                 )
             }
             // The peer RDMA-WRITEs arbitrary bytes into our rendezvous region.
@@ -195,7 +265,7 @@ fuzz_target!(|data: &[u8]| {
                         status: 0,
                         byte_len: 0,
                     },
-                    &mem,
+                    mem,
                 ),
                 None => Ok(()),
             },
@@ -210,27 +280,27 @@ fuzz_target!(|data: &[u8]| {
                         status: 5,
                         byte_len: input.byte().unwrap_or(0) as u32,
                     },
-                    &mem,
+                    mem,
                 )
             }
             // A send-queue completion for a sequence number never posted.
             _ => {
-                seq = seq.wrapping_add(input.u64() % 1000);
+                *seq = seq.wrapping_add(input.u64() % 1000);
                 e.on_completion(
                     Completion {
-                        wr_id: sq_wr_id(seq),
+                        wr_id: sq_wr_id(*seq),
                         ok: true,
                         status: 0,
                         byte_len: 0,
                     },
-                    &mem,
+                    mem,
                 )
             }
         };
         if r.is_err() {
             return; // the connection is closed with a protocol or completion error
         }
-        e.progress(&mut mem);
-        drain(&mut e, &mut posted, &mut sq);
+        e.progress(mem);
+        drain(e, peer, posted, sq);
     }
-});
+}

@@ -64,6 +64,22 @@ pub struct Config {
     pub global_max_registered_bytes: usize,
     /// `rdma_listen` backlog. Default 128.
     pub listen_backlog: i32,
+    /// Listener: connect requests whose handshake (resources, `rdma_accept`,
+    /// wait for ESTABLISHED, each bounded by `connect_timeout`) is in
+    /// progress at once. Handshakes run concurrently, so a peer that never
+    /// completes one delays nobody; one more request is refused
+    /// (`rdma_reject`, logged) until one finishes. Default 128.
+    pub max_pending_handshakes: usize,
+    /// Listener: pending handshakes from one source IP address. Default 64.
+    pub max_pending_handshakes_per_address: usize,
+    /// Listener: connections from one source IP address, pending
+    /// handshakes included (each registers its memory before the peer has
+    /// proven anything). One more is refused (`rdma_reject` with reason
+    /// "too many connections from this address", logged). Keep it well
+    /// below `global_max_registered_bytes` / per-connection bytes, so one
+    /// address can never take all of it. Default 128 (640 MiB with the
+    /// default sizes, of the 4 GiB default cap).
+    pub max_connections_per_address: usize,
 }
 
 impl Default for Config {
@@ -86,6 +102,9 @@ impl Default for Config {
             recv_queue_bytes: 64 << 20,
             global_max_registered_bytes: 4 << 30,
             listen_backlog: 128,
+            max_pending_handshakes: 128,
+            max_pending_handshakes_per_address: 64,
+            max_connections_per_address: 128,
         }
     }
 }
@@ -114,6 +133,12 @@ impl Config {
         }
         if self.recv_queue_bytes == 0 {
             return bad("recv_queue_bytes must be >= 1");
+        }
+        if self.max_pending_handshakes == 0
+            || self.max_pending_handshakes_per_address == 0
+            || self.max_connections_per_address == 0
+        {
+            return bad("max_pending_handshakes, max_pending_handshakes_per_address and max_connections_per_address must be >= 1");
         }
         if self.send_queue_messages == 0 {
             return bad("send_queue_messages must be >= 1");

@@ -1,7 +1,8 @@
 //! Connection setup over rdma_cm (§2) and the per-connection driver task
 //! (§8) that owns the QP, CQ, registered memory and the engine.
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,7 +37,7 @@ fn io_err(verb: &'static str, e: std::io::Error) -> Error {
 }
 
 /// Waits for the next cm event on a non-blocking channel.
-async fn next_event(chan: &Arc<EventChannel>, afd: &CmFd) -> Result<CmEvent, Error> {
+pub(crate) async fn next_event(chan: &Arc<EventChannel>, afd: &CmFd) -> Result<CmEvent, Error> {
     // Readiness first: the driver rebuilds this future every time it sleeps,
     // and a try_get on an empty channel costs a syscall (EAGAIN) and an
     // allocation. Readiness is only cleared after EAGAIN, so no event is missed.
@@ -149,15 +150,46 @@ fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
     }
 }
 
+/// Engine::new only fails on a bad peer hello, which decode already refused.
+fn engine_err(e: EngineError) -> Error {
+    match e {
+        EngineError::Protocol(v) => Error::Protocol(v),
+        EngineError::Completion { status, .. } => Error::Completion {
+            status,
+            status_str: Cq::status_str(status),
+            what: "setup",
+        },
+    }
+}
+
 fn ms(d: Duration) -> i32 {
     d.as_millis().clamp(1, i32::MAX as u128) as i32
 }
 
 /// Connects to a [`Listener`] at `addr` (§2.3, active side).
 pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error> {
-    let h = handshake(addr, cfg, |_| {}).await?;
+    connect_inner(None, addr, cfg).await
+}
+
+/// As [`connect`], from the local address `local` (`rdma_resolve_addr` with
+/// a source address): for a host with several RDMA addresses, the
+/// connection leaves from, and the listener sees, `local`.
+pub async fn connect_from(
+    local: IpAddr,
+    addr: SocketAddr,
+    cfg: &Config,
+) -> Result<Connection, Error> {
+    connect_inner(Some(local), addr, cfg).await
+}
+
+async fn connect_inner(
+    local: Option<IpAddr>,
+    addr: SocketAddr,
+    cfg: &Config,
+) -> Result<Connection, Error> {
+    let h = handshake(addr, local, cfg, |_| {}).await?;
     let ecfg = engine_config(cfg, &h.res, h.peer_hello);
-    let mut engine = Engine::new(ecfg);
+    let mut engine = Engine::new(ecfg).map_err(engine_err)?;
     let _already_posted = engine.take_actions();
     // §2.3: the active side sends first (iWARP requirement).
     engine.send_initial_credit();
@@ -170,39 +202,32 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
         cfg.clone(),
         h.peer,
         h.peer_hello,
+        None,
     )
 }
 
-/// An established active-side connection before anything was sent on it.
-pub(crate) struct Handshake {
-    // afd before chan/id: deregistered before the fd is closed.
-    pub(crate) afd: CmFd,
-    pub(crate) res: Resources,
-    pub(crate) id: Arc<CmId>,
-    pub(crate) chan: Arc<EventChannel>,
-    pub(crate) peer: SocketAddr,
-    pub(crate) peer_hello: Hello,
-}
-
-/// §2.3 steps 1-4, active side. `edit_hello` may change the hello we send
-/// (only the hostile test peer does, see `crate::testing`).
-pub(crate) async fn handshake(
+/// §2.3 steps 1-2, active side: a cm_id on its own event channel with
+/// address and route resolved (from `local` when given).
+pub(crate) async fn resolve(
     addr: SocketAddr,
+    local: Option<IpAddr>,
     cfg: &Config,
-    edit_hello: impl FnOnce(&mut Hello),
-) -> Result<Handshake, Error> {
-    cfg.validate()?;
+) -> Result<(Arc<EventChannel>, CmFd, CmId), Error> {
     let chan = EventChannel::new()?;
     let afd = async_fd(chan.clone())?;
     let id = CmId::new(&chan)?;
     let slack = Duration::from_millis(500);
 
     // §2.3 step 1: address resolution.
-    id.resolve_addr(addr, ms(cfg.resolve_timeout))
-        .map_err(|e| Error::AddrResolve {
-            addr,
-            reason: e.to_string(),
-        })?;
+    id.resolve_addr(
+        local.map(|ip| SocketAddr::new(ip, 0)),
+        addr,
+        ms(cfg.resolve_timeout),
+    )
+    .map_err(|e| Error::AddrResolve {
+        addr,
+        reason: e.to_string(),
+    })?;
     let e = tokio::time::timeout(cfg.resolve_timeout + slack, next_event(&chan, &afd))
         .await
         .map_err(|_| Error::Timeout {
@@ -237,6 +262,30 @@ pub(crate) async fn handshake(
             })
         }
     }
+    Ok((chan, afd, id))
+}
+
+/// An established active-side connection before anything was sent on it.
+pub(crate) struct Handshake {
+    // afd before chan/id: deregistered before the fd is closed.
+    pub(crate) afd: CmFd,
+    pub(crate) res: Resources,
+    pub(crate) id: Arc<CmId>,
+    pub(crate) chan: Arc<EventChannel>,
+    pub(crate) peer: SocketAddr,
+    pub(crate) peer_hello: Hello,
+}
+
+/// §2.3 steps 1-4, active side. `edit_hello` may change the hello we send
+/// (only the hostile test peer does, see `crate::testing`).
+pub(crate) async fn handshake(
+    addr: SocketAddr,
+    local: Option<IpAddr>,
+    cfg: &Config,
+    edit_hello: impl FnOnce(&mut Hello),
+) -> Result<Handshake, Error> {
+    cfg.validate()?;
+    let (chan, afd, id) = resolve(addr, local, cfg).await?;
     let id = Arc::new(id);
     let mut res = build_resources(&id, cfg)?;
     edit_hello(&mut res.hello);
@@ -282,8 +331,7 @@ pub(crate) async fn handshake(
         .await
         .map_err(|_| Error::Timeout { stage: "connect" })??;
     let peer_hello = match e.kind {
-        ev::RDMA_CM_EVENT_ESTABLISHED => Hello::decode(&e.private_data)
-            .map_err(|m| Error::Protocol(format!("accept data: {m}")))?,
+        ev::RDMA_CM_EVENT_ESTABLISHED => Hello::decode(&e.private_data).map_err(Error::Protocol)?,
         ev::RDMA_CM_EVENT_REJECTED => {
             let reason = String::from_utf8(e.private_data.clone())
                 .ok()
@@ -318,17 +366,126 @@ pub(crate) async fn handshake(
 }
 
 /// Accepts RDMA connections (§2.3, passive side).
+///
+/// A task started by [`Listener::bind`] takes every connect request as it
+/// arrives and runs its handshake (resources, `rdma_accept`, wait for
+/// ESTABLISHED, bounded by `connect_timeout`) as a task of its own, so
+/// handshakes proceed concurrently: a peer that never completes one delays
+/// nobody. Requests beyond `Config::max_pending_handshakes` (overall or per
+/// source address) or `Config::max_connections_per_address` are refused at
+/// once with `rdma_reject` and a log line. Completed connections wait for
+/// [`Listener::accept`] in a queue of `listen_backlog`. Dropping the listener
+/// stops the task and every handshake in progress; their resources are freed
+/// as for any connection (`docs/buffer-ownership.md`, Teardown).
 pub struct Listener {
-    // afd before chan/id: deregistered before the fd is closed.
-    afd: CmFd,
-    chan: Arc<EventChannel>,
-    _id: CmId,
-    cfg: Config,
+    rx: mpsc::Receiver<Result<Connection, Error>>,
+    task: tokio::task::JoinHandle<()>,
+    limits: Arc<Limits>,
     local: SocketAddr,
 }
 
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Per-source-address accounting of a listener (pending handshakes and
+/// connections, pending included).
+#[derive(Default)]
+struct Limits {
+    state: Mutex<LimitState>,
+    refused: AtomicUsize,
+}
+
+#[derive(Default)]
+struct LimitState {
+    pending: usize,
+    per_addr: HashMap<IpAddr, AddrCount>,
+}
+
+#[derive(Default, Clone, Copy)]
+struct AddrCount {
+    pending: usize,
+    conns: usize,
+}
+
+impl Limits {
+    /// Counts a new handshake from `ip`, or says which limit refuses it.
+    fn admit(self: &Arc<Self>, ip: IpAddr, cfg: &Config) -> Result<Admission, String> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let c = st.per_addr.get(&ip).copied().unwrap_or_default();
+        let why = if st.pending >= cfg.max_pending_handshakes {
+            Some(format!(
+                "{} handshakes pending (max_pending_handshakes)",
+                st.pending
+            ))
+        } else if c.pending >= cfg.max_pending_handshakes_per_address {
+            Some(format!(
+                "{} handshakes pending from {ip} (max_pending_handshakes_per_address)",
+                c.pending
+            ))
+        } else if c.conns >= cfg.max_connections_per_address {
+            Some(format!(
+                "{} connections from {ip} (max_connections_per_address)",
+                c.conns
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(why);
+        }
+        st.pending += 1;
+        let e = st.per_addr.entry(ip).or_default();
+        e.pending += 1;
+        e.conns += 1;
+        Ok(Admission {
+            limits: self.clone(),
+            ip,
+            pending: true,
+        })
+    }
+}
+
+/// One admitted connection of a listener: counted against its source
+/// address until dropped (by the driver, after teardown freed its memory).
+pub(crate) struct Admission {
+    limits: Arc<Limits>,
+    ip: IpAddr,
+    pending: bool,
+}
+
+impl Admission {
+    /// The handshake completed: no longer pending, still a connection.
+    fn established(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            let mut st = self.limits.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.pending -= 1;
+            if let Some(c) = st.per_addr.get_mut(&self.ip) {
+                c.pending -= 1;
+            }
+        }
+    }
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.established();
+        let mut st = self.limits.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = st.per_addr.get_mut(&self.ip) {
+            c.conns -= 1;
+            if c.conns == 0 {
+                st.per_addr.remove(&self.ip);
+            }
+        }
+    }
+}
+
 impl Listener {
-    /// Binds and listens on `addr` (use port 0 for an ephemeral port).
+    /// Binds and listens on `addr` (use port 0 for an ephemeral port), and
+    /// starts taking connect requests (see the type's docs).
     pub async fn bind(addr: SocketAddr, cfg: Config) -> Result<Listener, Error> {
         cfg.validate()?;
         let chan = EventChannel::new()?;
@@ -344,11 +501,23 @@ impl Listener {
         })?;
         id.listen(cfg.listen_backlog)?;
         let local = id.local_addr().unwrap_or(addr);
+        let (tx, rx) = mpsc::channel(cfg.listen_backlog.max(1) as usize);
+        let limits = Arc::new(Limits::default());
+        let task = tokio::spawn(listen_loop(
+            ListenState {
+                afd,
+                chan,
+                _id: id,
+                cfg,
+                local,
+            },
+            limits.clone(),
+            tx,
+        ));
         Ok(Listener {
-            afd,
-            chan,
-            _id: id,
-            cfg,
+            rx,
+            task,
+            limits,
             local,
         })
     }
@@ -358,61 +527,164 @@ impl Listener {
         self.local
     }
 
-    /// Waits for and completes the next incoming connection.
+    /// The next connection whose handshake completed, or the error of one
+    /// that failed after it was admitted (a bad hello, no resources, a
+    /// handshake timeout...). Requests refused by a limit are not reported
+    /// here (only logged, and counted by [`Listener::refused`]).
     pub async fn accept(&mut self) -> Result<Connection, Error> {
-        loop {
-            let e = next_event(&self.chan, &self.afd).await?;
-            if e.kind != ev::RDMA_CM_EVENT_CONNECT_REQUEST {
-                tracing::debug!("listener ignoring cm event {}", event_name(e.kind));
-                continue;
-            }
-            let id = e.new_id.expect("CONNECT_REQUEST carries an id");
-            let peer_hello = match Hello::decode(&e.private_data) {
-                Ok(h) => h,
-                Err(m) => {
-                    id.reject(b"bad hello");
-                    return Err(Error::Protocol(format!("connect request: {m}")));
-                }
-            };
-            return self.setup_passive(id, peer_hello).await;
+        match self.rx.recv().await {
+            Some(r) => r,
+            // The listening task ended: only if its event channel failed.
+            None => Err(Error::Disconnected),
         }
     }
 
-    async fn setup_passive(&self, mut id: CmId, peer_hello: Hello) -> Result<Connection, Error> {
-        let cfg = &self.cfg;
-        // Give the connection its own event channel (§8).
+    /// Connect requests refused so far by `max_pending_handshakes`,
+    /// `max_pending_handshakes_per_address` or `max_connections_per_address`.
+    pub fn refused(&self) -> usize {
+        self.limits.refused.load(Ordering::Relaxed)
+    }
+}
+
+/// What the listening task owns. Field order = drop order: the AsyncFd
+/// before the channel it watches.
+struct ListenState {
+    afd: CmFd,
+    chan: Arc<EventChannel>,
+    _id: CmId,
+    cfg: Config,
+    local: SocketAddr,
+}
+
+/// The listening task: takes CONNECT_REQUESTs (the only events on this
+/// channel: an accepted id moves to its own channel at once) and starts
+/// each handshake as a task of its own (§2.3 step 3).
+async fn listen_loop(
+    st: ListenState,
+    limits: Arc<Limits>,
+    tx: mpsc::Sender<Result<Connection, Error>>,
+) {
+    // Dropped with this task (Listener dropped): aborts every handshake in
+    // progress; each one's resources are freed by their destructors.
+    let mut handshakes = tokio::task::JoinSet::new();
+    loop {
+        let e = tokio::select! {
+            e = next_event(&st.chan, &st.afd) => e,
+            Some(_) = handshakes.join_next(), if !handshakes.is_empty() => continue,
+            _ = tx.closed() => return,
+        };
+        let e = match e {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!("rdma listener on {}: {e}; stopping", st.local);
+                let _ = tx.try_send(Err(e));
+                return;
+            }
+        };
+        if e.kind != ev::RDMA_CM_EVENT_CONNECT_REQUEST {
+            tracing::debug!("listener ignoring cm event {}", event_name(e.kind));
+            continue;
+        }
+        let Some(id) = e.new_id else {
+            continue;
+        };
+        let peer = id.peer_addr();
+        let peer_hello = match Hello::decode(&e.private_data) {
+            Ok(h) => h,
+            Err(v) => {
+                id.reject(b"bad hello");
+                tracing::debug!("rdma listener: refused {peer:?}: {v}");
+                let _ = tx.try_send(Err(Error::Protocol(v)));
+                continue;
+            }
+        };
+        let ip = peer.map_or(IpAddr::from([0, 0, 0, 0]), |p| p.ip());
+        let admission = match limits.admit(ip, &st.cfg) {
+            Ok(a) => a,
+            Err(why) => {
+                tracing::warn!(
+                    "rdma listener on {}: refused a connection from {}: {why}",
+                    st.local,
+                    peer.map_or_else(|| "?".to_string(), |p| p.to_string())
+                );
+                id.reject(b"busy: too many connections or handshakes from this address");
+                continue;
+            }
+        };
+        // Give the connection its own event channel (§8) before anything
+        // else can arrive for it on ours.
+        let mut id = id;
         let chan = match EventChannel::new().and_then(|c| id.migrate(&c).map(|_| c)) {
             Ok(c) => c,
             Err(e) => {
                 id.reject(b"resources");
-                return Err(e);
+                let _ = tx.try_send(Err(e));
+                continue;
             }
         };
-        let afd = async_fd(chan.clone())?;
-        let id = Arc::new(id);
-        let res = match build_resources(&id, cfg) {
-            Ok(r) => r,
-            Err(e) => {
-                id.reject(b"resources");
-                return Err(e);
+        let (cfg, local, tx) = (st.cfg.clone(), st.local, tx.clone());
+        handshakes.spawn(async move {
+            let r = setup_passive(id, chan, peer_hello, cfg, local, admission).await;
+            if let Err(e) = &r {
+                tracing::debug!("rdma listener on {local}: handshake failed: {e}");
             }
-        };
-        id.accept(&res.hello.encode())?;
-        let e = tokio::time::timeout(cfg.connect_timeout, next_event(&chan, &afd))
-            .await
-            .map_err(|_| Error::Timeout { stage: "accept" })??;
-        if e.kind != ev::RDMA_CM_EVENT_ESTABLISHED {
-            return Err(Error::Unreachable {
-                addr: id.peer_addr().unwrap_or(self.local),
-                status: e.status,
-            });
-        }
-        let peer = id.peer_addr().unwrap_or(self.local);
-        let mut engine = Engine::new(engine_config(cfg, &res, peer_hello));
-        let _already_posted = engine.take_actions();
-        engine.set_wait_first_recv();
-        spawn_driver(chan, afd, id, res, engine, cfg.clone(), peer, peer_hello)
+            // Waits while `listen_backlog` connections are not accepted yet;
+            // if the listener is gone the connection is dropped (closed).
+            let _ = tx.send(r).await;
+        });
     }
+}
+
+/// §2.3 step 3, passive side, for an id already on its own channel.
+async fn setup_passive(
+    id: CmId,
+    chan: Arc<EventChannel>,
+    peer_hello: Hello,
+    cfg: Config,
+    local: SocketAddr,
+    mut admission: Admission,
+) -> Result<Connection, Error> {
+    let afd = match async_fd(chan.clone()) {
+        Ok(a) => a,
+        Err(e) => {
+            id.reject(b"resources");
+            return Err(e);
+        }
+    };
+    let id = Arc::new(id);
+    let res = match build_resources(&id, &cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            id.reject(b"resources");
+            return Err(e);
+        }
+    };
+    id.accept(&res.hello.encode())?;
+    let e = tokio::time::timeout(cfg.connect_timeout, next_event(&chan, &afd))
+        .await
+        .map_err(|_| Error::Timeout { stage: "accept" })??;
+    if e.kind != ev::RDMA_CM_EVENT_ESTABLISHED {
+        return Err(Error::Unreachable {
+            addr: id.peer_addr().unwrap_or(local),
+            status: e.status,
+        });
+    }
+    let peer = id.peer_addr().unwrap_or(local);
+    let mut engine = Engine::new(engine_config(&cfg, &res, peer_hello)).map_err(engine_err)?;
+    let _already_posted = engine.take_actions();
+    engine.set_wait_first_recv();
+    admission.established();
+    spawn_driver(
+        chan,
+        afd,
+        id,
+        res,
+        engine,
+        cfg,
+        peer,
+        peer_hello,
+        Some(admission),
+    )
 }
 
 enum Cmd {
@@ -617,6 +889,7 @@ fn spawn_driver(
     cfg: Config,
     peer: SocketAddr,
     peer_hello: Hello,
+    admission: Option<Admission>,
 ) -> Result<Connection, Error> {
     let cq_afd = async_fd(res.cq.clone())?;
     let (tx, cmd_rx) = mpsc::channel(cfg.send_queue_messages.max(1));
@@ -648,6 +921,7 @@ fn spawn_driver(
         actions: Vec::with_capacity(64),
         last_post: tokio::time::Instant::now(),
         keepalive_timer,
+        _admission: admission,
     };
     tokio::spawn(d.run());
     Ok(Connection {
@@ -696,6 +970,10 @@ struct Driver {
     /// Fires at the earliest time a keepalive can be due; re-armed lazily
     /// (once per interval), never per posted work request.
     keepalive_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Listener side: this connection's count against its source address
+    /// (`Config::max_connections_per_address`); last, so it is released
+    /// only after the memory above was freed.
+    _admission: Option<Admission>,
 }
 
 impl Driver {
@@ -777,7 +1055,7 @@ impl Driver {
                 };
                 if let Err(e) = self.engine.on_completion(c, &self.mem) {
                     return Err(match e {
-                        EngineError::Protocol(m) => Error::Protocol(m),
+                        EngineError::Protocol(v) => Error::Protocol(v),
                         EngineError::Completion { status, .. } if status == WC_FLUSH_ERR => {
                             Error::Disconnected
                         }

@@ -18,6 +18,228 @@ impl fmt::Display for Errno {
     }
 }
 
+/// A violation of `docs/wire-protocol-rdma.md` by the peer: one variant per
+/// rule, with the values that broke it. Carried by [`Error::Protocol`] (and
+/// `engine::EngineError::Protocol`), so tests and callers can match the exact
+/// violation instead of a message text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerMisbehaved {
+    // ---- hello, §2.1/§2.2 ----
+    /// The rdma_cm private data is shorter than a hello.
+    #[error("bad hello: private data too short ({len} bytes, need {need})")]
+    HelloTooShort {
+        /// Bytes received.
+        len: usize,
+        /// `wire::HELLO_LEN`.
+        need: usize,
+    },
+    /// The hello does not start with the magic number.
+    #[error("bad hello: bad magic {magic:#010x}")]
+    HelloBadMagic {
+        /// What was there instead.
+        magic: u32,
+    },
+    /// The peer speaks another protocol version.
+    #[error("bad hello: unsupported protocol version {version} (we speak {ours})")]
+    HelloVersion {
+        /// Peer's version.
+        version: u16,
+        /// Ours.
+        ours: u16,
+    },
+    /// A hello field is outside its documented range (§2.1).
+    #[error("bad hello: {field} = {value} out of range {min}..={max}")]
+    HelloFieldRange {
+        /// Field name as in §2.1.
+        field: &'static str,
+        /// Value received.
+        value: u64,
+        /// Smallest allowed.
+        min: u64,
+        /// Largest allowed.
+        max: u64,
+    },
+    /// `rdv_addr + rdv_count * rdv_bytes` does not fit in 64 bits: the
+    /// advertised rendezvous region wraps around the address space.
+    #[error(
+        "bad hello: rendezvous region at {addr:#x} of {count} x {bytes} bytes overflows the address space"
+    )]
+    HelloRegionOverflow {
+        /// `rdv_addr`.
+        addr: u64,
+        /// `rdv_count`.
+        count: u32,
+        /// `rdv_bytes`.
+        bytes: u32,
+    },
+    // ---- SEND header, §3 ----
+    /// A SEND shorter than the 32-byte header.
+    #[error("message shorter than header: {len} bytes")]
+    ShortMessage {
+        /// SEND length.
+        len: usize,
+    },
+    /// Unknown message kind (§3.2).
+    #[error("unknown message kind {kind}")]
+    UnknownKind {
+        /// The kind byte.
+        kind: u8,
+    },
+    /// A SEND longer than the receive slot it landed in.
+    #[error("receive of {len} bytes exceeds the {slot}-byte slot")]
+    ReceiveExceedsSlot {
+        /// Bytes received.
+        len: usize,
+        /// Slot size.
+        slot: usize,
+    },
+    // ---- credits, §4.2 / §5.3 / §6 ----
+    /// The peer returned more receive credits than it was ever given.
+    #[error("peer returned too many credits ({credits} > {granted} granted)")]
+    TooManyCredits {
+        /// Credits after adding the return.
+        credits: u64,
+        /// The peer's initial credits (our ring).
+        granted: u32,
+    },
+    /// The peer returned more rendezvous buffers than it was ever given.
+    #[error("peer returned too many rendezvous buffers ({available} > {advertised})")]
+    TooManyRendezvousReturns {
+        /// Buffers after adding the return.
+        available: u64,
+        /// Buffers it advertised.
+        advertised: u32,
+    },
+    /// A SEND arrived while every receive credit we granted was in use (§4.2).
+    #[error(
+        "peer sent without credit: {excess} messages received beyond the {granted} receive credits granted"
+    )]
+    SendWithoutCredit {
+        /// Messages beyond the credits.
+        excess: u32,
+        /// Our ring size.
+        granted: u32,
+    },
+    /// CLOSE_SEEN for a CLOSE we never sent (§6).
+    #[error("peer acknowledged a CLOSE we never sent")]
+    CloseSeenWithoutClose,
+    /// EAGER, CHUNK or CLOSE after the peer's CLOSE (§6).
+    #[error("{kind} after CLOSE")]
+    AfterClose {
+        /// Kind name.
+        kind: &'static str,
+    },
+    // ---- eager, §4.1 ----
+    /// An EAGER message arrived while a rendezvous message was incomplete.
+    #[error("eager message inside a rendezvous message")]
+    EagerInsideRendezvous,
+    /// CLOSE arrived while a rendezvous message was incomplete.
+    #[error("CLOSE inside a rendezvous message")]
+    CloseInsideRendezvous,
+    /// An EAGER header's `len` disagrees with the SEND's length.
+    #[error("eager length mismatch: header says {header} bytes, SEND carried {carried}")]
+    EagerLengthMismatch {
+        /// `len` in the header.
+        header: u32,
+        /// Payload bytes actually received.
+        carried: usize,
+    },
+    // ---- rendezvous, §5.3 ----
+    /// A CHUNK notification with bytes after the header.
+    #[error("chunk notification with payload ({len} bytes)")]
+    ChunkWithPayload {
+        /// SEND length.
+        len: usize,
+    },
+    /// A CHUNK names a buffer index we never advertised.
+    #[error("chunk names unknown rendezvous buffer {index} (we advertised {count})")]
+    ChunkUnknownBuffer {
+        /// Index named.
+        index: u32,
+        /// Buffers advertised.
+        count: u32,
+    },
+    /// A CHUNK names a buffer that is not currently granted to the peer or
+    /// not the next in round-robin order.
+    #[error("chunk uses rendezvous buffer {index} not granted to the peer (expected {expected}, {held} held)")]
+    ChunkBufferNotGranted {
+        /// Index named.
+        index: u32,
+        /// The next buffer the peer may use.
+        expected: u32,
+        /// Buffers the peer holds.
+        held: u32,
+    },
+    /// A CHUNK's address is not the advertised address of its buffer.
+    #[error("chunk address {addr:#x} is not buffer {index} (at {expected:#x})")]
+    ChunkWrongAddress {
+        /// Buffer index.
+        index: u32,
+        /// Address in the header.
+        addr: u64,
+        /// Where that buffer is.
+        expected: u64,
+    },
+    /// A CHUNK length of 0 or more than a buffer.
+    #[error("chunk length {len} out of bounds (1..={max})")]
+    ChunkLength {
+        /// `len` in the header.
+        len: u32,
+        /// Buffer size.
+        max: usize,
+    },
+    /// A rendezvous message longer than our `max_message`.
+    #[error("message of {total} bytes exceeds max_message ({max})")]
+    MessageTooLarge {
+        /// Announced total.
+        total: u64,
+        /// Our limit.
+        max: usize,
+    },
+    /// `total_len` changed between chunks of one message.
+    #[error("total length changed between chunks ({was} then {now})")]
+    ChunkTotalChanged {
+        /// First chunk's total.
+        was: u64,
+        /// This chunk's total.
+        now: u64,
+    },
+    /// The chunks add up to more than the announced total.
+    #[error("chunk overruns the message: {end} bytes of {total}")]
+    ChunkOverrun {
+        /// Bytes with this chunk.
+        end: u64,
+        /// Announced total.
+        total: u64,
+    },
+    /// LAST set on a chunk that does not complete the message, or missing on
+    /// the one that does.
+    #[error("LAST flag {} on a chunk ending at {end} of {total} bytes", if *.last { "set" } else { "missing" })]
+    LastFlagWrong {
+        /// Whether LAST was set.
+        last: bool,
+        /// Bytes with this chunk.
+        end: u64,
+        /// Announced total.
+        total: u64,
+    },
+    // ---- completions, §7 ----
+    /// A receive completion whose wr_id names an unknown slot or an old
+    /// generation.
+    #[error("stale or unknown receive completion {wr_id:#x}")]
+    StaleReceive {
+        /// The wr_id.
+        wr_id: u64,
+    },
+    /// A completion with a wr_id of no known kind.
+    #[error("completion with unknown wr_id {wr_id:#x}")]
+    UnknownWrId {
+        /// The wr_id.
+        wr_id: u64,
+    },
+}
+
 /// Errors of the RDMA transport.
 ///
 /// For automatic TCP fallback, [`Error::is_unavailable_for_fallback`] tells
@@ -98,9 +320,11 @@ pub enum Error {
         /// "recv" or "send".
         what: &'static str,
     },
-    /// The peer violated the wire protocol; the connection was closed.
+    /// The peer violated the wire protocol (which rule: the
+    /// [`PeerMisbehaved`] variant); the connection was closed, or, for a bad
+    /// hello, never established.
     #[error("protocol error: {0}")]
-    Protocol(String),
+    Protocol(#[source] PeerMisbehaved),
     /// The peer disconnected (or the connection was torn down) without a
     /// clean close.
     #[error("connection lost: peer disconnected")]

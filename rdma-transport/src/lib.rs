@@ -23,8 +23,8 @@ pub mod testing;
 mod verbs;
 
 pub use config::Config;
-pub use conn::{connect, Connection, Listener, RecvHalf, SendHalf};
-pub use error::{Errno, Error};
+pub use conn::{connect, connect_from, Connection, Listener, RecvHalf, SendHalf};
+pub use error::{Errno, Error, PeerMisbehaved};
 pub use stats::{ConnStats, StatsSnapshot};
 
 /// An RDMA device found by [`devices`].

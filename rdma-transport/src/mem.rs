@@ -9,6 +9,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use rdma_sys::*;
 
 use crate::engine::{Action, Buffers};
@@ -26,6 +27,9 @@ pub(crate) struct RegisteredBuf {
     ptr: NonNull<u8>,
     len: usize,
     mr: *mut ibv_mr,
+    /// Registered with REMOTE_WRITE: the peer may write it at any time, so
+    /// no Rust reference over it is ever formed (only raw copies).
+    remote_write: bool,
     _pd: Arc<Pd>,
 }
 
@@ -74,6 +78,7 @@ impl RegisteredBuf {
             ptr,
             len,
             mr,
+            remote_write,
             _pd: pd.clone(),
         })
     }
@@ -92,29 +97,95 @@ impl RegisteredBuf {
         unsafe { (*self.mr).rkey }
     }
 
-    fn slice(&self, off: usize, len: usize) -> &[u8] {
-        assert!(off + len <= self.len, "registered slice out of bounds");
-        // SAFETY: in bounds of our allocation; the engine only reads a slot
-        // after its receive/WRITE completed and before it is reposted or
-        // re-advertised, so the NIC is not writing it (buffer-ownership.md).
+    /// A shared slice over a part of a pool that **nobody can write while
+    /// it lives**: only for pools that are not remotely writable (the
+    /// receive ring), and only for a slot whose receive completed and that
+    /// is not reposted while the slice is alive.
+    fn slice_local(&self, off: usize, len: usize) -> &[u8] {
+        assert!(
+            !self.remote_write,
+            "no shared slice over remotely writable memory"
+        );
+        assert!(
+            off.checked_add(len).is_some_and(|end| end <= self.len),
+            "registered slice out of bounds"
+        );
+        // SAFETY: [off, off+len) is inside our live allocation (checked).
+        // This buffer is registered without REMOTE_WRITE (asserted), so only
+        // our own receive work requests can write it, and the caller
+        // (Buffers::recv_slot, used by the engine between a slot's receive
+        // completion and its repost, which needs &mut ConnMemory) guarantees
+        // none is posted on this range while the borrow of `self` lasts.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) }
     }
 
+    /// Appends `len` bytes at `off` to `out`, reading through raw pointers
+    /// only: valid for memory a peer may RDMA-WRITE at any moment (the
+    /// rendezvous region), where a `&[u8]` would assert that nothing
+    /// changes it. A concurrent remote write can only change the bytes
+    /// copied (plain `u8`s, no validity invariant), never their number.
+    fn append_to(&self, off: usize, len: usize, out: &mut BytesMut) {
+        assert!(
+            off.checked_add(len).is_some_and(|end| end <= self.len),
+            "registered copy out of bounds"
+        );
+        out.reserve(len);
+        let dst = out.spare_capacity_mut();
+        assert!(dst.len() >= len, "reserve gave room for len bytes");
+        // SAFETY: the source [ptr+off, ptr+off+len) is inside our live
+        // allocation (checked above) and is only accessed through this raw
+        // pointer (no reference to it exists); the destination is `len`
+        // bytes of `out`'s spare capacity (checked), a separate heap
+        // allocation, so the ranges do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(off),
+                dst.as_mut_ptr().cast::<u8>(),
+                len,
+            );
+        }
+        let new_len = out.len() + len;
+        // SAFETY: the `len` bytes after the old length were initialised by
+        // the copy above and are within the capacity (checked).
+        unsafe { out.set_len(new_len) };
+    }
+
     fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
-        assert!(off + len <= self.len, "registered slice out of bounds");
-        // SAFETY: in bounds; &mut self gives CPU exclusivity; the engine only
-        // writes send/staging slots that no posted work request covers.
+        assert!(!self.remote_write, "no slice over remotely writable memory");
+        assert!(
+            off.checked_add(len).is_some_and(|end| end <= self.len),
+            "registered slice out of bounds"
+        );
+        // SAFETY: in bounds of our live allocation (checked); not remotely
+        // writable (asserted), so only our own work requests touch it, and
+        // the callers (send_slot/staging, used by the engine and the test
+        // peer) only ask for a slot that no posted work request covers
+        // (buffer-ownership.md); &mut self excludes any other CPU access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) }
     }
 }
 
 impl Drop for RegisteredBuf {
     fn drop(&mut self) {
-        // SAFETY: mr registered in new(); deregistered once. The owning
-        // ConnMemory destroyed the QP first, so no DMA can target it.
-        unsafe { ibv_dereg_mr(self.mr) };
+        // SAFETY: mr was registered in new() and is deregistered only here,
+        // once. The owning ConnMemory destroyed the QP first, so no work
+        // request of ours can target it.
+        let r = unsafe { ibv_dereg_mr(self.mr) };
+        if r != 0 {
+            // The device still maps these pages: freeing them could let a
+            // late DMA (or a peer holding the rkey) write into memory the
+            // allocator hands out again. Leak them instead (and keep them
+            // counted as registered).
+            tracing::warn!(
+                "ibv_dereg_mr of {} bytes failed: {}; leaking the buffer",
+                self.len,
+                crate::error::Errno(r)
+            );
+            return;
+        }
         let layout = Layout::from_size_align(self.len, 4096).expect("valid layout");
-        // SAFETY: allocated in new() with the same layout; MR is gone.
+        // SAFETY: allocated in new() with the same layout, freed once; the
+        // MR covering it was deregistered successfully just above.
         unsafe { dealloc(self.ptr.as_ptr(), layout) };
         REGISTERED_BYTES.fetch_sub(self.len, Ordering::SeqCst);
     }
@@ -258,15 +329,16 @@ impl Drop for ConnMemory {
 impl Buffers for ConnMemory {
     fn recv_slot(&self, i: u32) -> &[u8] {
         let s = self.sz.recv_slot_bytes;
-        self.recv.slice(i as usize * s, s)
+        self.recv.slice_local(i as usize * s, s)
     }
     fn send_slot(&mut self, i: u32) -> &mut [u8] {
         let s = self.sz.send_slot_bytes;
         self.send.slice_mut(i as usize * s, s)
     }
-    fn rdv_buf(&self, i: u32) -> &[u8] {
+    fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut) {
         let s = self.sz.rdv_bytes;
-        self.rdv.slice(i as usize * s, s)
+        assert!(len <= s, "copy of {len} bytes from a {s}-byte buffer");
+        self.rdv.append_to(i as usize * s, len, out)
     }
     fn staging(&mut self, i: u32) -> &mut [u8] {
         let s = self.sz.rdv_bytes;

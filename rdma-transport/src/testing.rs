@@ -15,16 +15,18 @@
 //! the future waiting for it was dropped), like the real driver (§7).
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdma_sys::rdma_cm_event_type as ev;
 
 use crate::config::Config;
-use crate::conn::{handshake, Handshake};
-use crate::engine::wire::{Header, Hello, Kind, HDR_LEN};
+use crate::conn::{handshake, next_event, resolve, CmFd, Handshake};
+use crate::engine::wire::{Header, Hello, Kind, HDR_LEN, VERSION};
 use crate::engine::{recv_wr_id, sq_wr_id, Action, Buffers, WR_RECV};
 use crate::error::Error;
+use crate::verbs::cm::{CmId, EventChannel};
 use crate::verbs::{Cq, Wc};
 
 /// How long [`RawPeer`] waits for one of its own work completions.
@@ -84,7 +86,7 @@ impl RawPeer {
         cfg: &Config,
         edit_hello: impl FnOnce(&mut Hello),
     ) -> Result<RawPeer, Error> {
-        let hs = handshake(addr, cfg, edit_hello).await?;
+        let hs = handshake(addr, None, cfg, edit_hello).await?;
         Ok(RawPeer {
             hs,
             cfg: cfg.clone(),
@@ -290,10 +292,11 @@ impl RawPeer {
         if let Some(w) = self.in_flight {
             self.poll()?;
             if !self.sq_done.iter().any(|c| c.wr_id == w) {
-                return Err(Error::Protocol(
-                    "raw peer: the previous work request has not completed; its buffer stays posted"
-                        .into(),
-                ));
+                // The previous wait timed out (or was dropped) and its
+                // buffer is still posted: it must not be rewritten.
+                return Err(Error::Timeout {
+                    stage: "raw peer: previous work request still posted",
+                });
             }
             self.sq_done.clear();
             self.in_flight = None;
@@ -339,5 +342,80 @@ impl Drop for RawPeer {
         // The QP goes before the memory it may still access (ConnMemory
         // destroys it first), then the CQ, the cm_id and the channel.
         self.hs.res.mem.destroy_qp();
+    }
+}
+
+/// A connect request that is never completed: the rdma_cm active side
+/// resolves the listener's address and route and calls `rdma_connect` with a
+/// valid hello but **without a queue pair**, so when the listener accepts
+/// (sends its reply), librdmacm hands this side a CONNECT_RESPONSE that it
+/// never answers (no `rdma_establish`, no ready-to-use message): the
+/// listener's handshake for it can only end by the listener's own
+/// `connect_timeout` — a peer that is slow, broken or malicious on purpose.
+///
+/// InfiniBand/RoCE only: iWARP's connection manager needs a QP to send a
+/// connect request (`start` then fails).
+pub struct StalledConnect {
+    // afd before chan/id: deregistered before the fd is closed.
+    afd: CmFd,
+    _id: CmId,
+    chan: Arc<EventChannel>,
+}
+
+impl std::fmt::Debug for StalledConnect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StalledConnect").finish_non_exhaustive()
+    }
+}
+
+impl StalledConnect {
+    /// Sends the connect request to `addr` (from `local` when given).
+    pub async fn start(
+        addr: SocketAddr,
+        local: Option<IpAddr>,
+        cfg: &Config,
+    ) -> Result<StalledConnect, Error> {
+        let (chan, afd, id) = resolve(addr, local, cfg).await?;
+        // A hello the listener accepts (§2.2); nothing ever uses its region.
+        let hello = Hello {
+            version: VERSION,
+            flags: 0,
+            credits: 4,
+            recv_slot_bytes: 64,
+            rdv_count: 1,
+            rdv_bytes: 4096,
+            rdv_addr: 0x1000_0000,
+            rdv_rkey: 0,
+            max_message: 1 << 20,
+        };
+        // Each request names its own (made-up) QP number: the IB CM refuses
+        // a second request naming a QP number already in a connection from
+        // the same port as stale.
+        static NEXT_QPN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let qpn = 0x00f0_0000
+            | ((std::process::id() & 0xff) << 12)
+            | (NEXT_QPN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xfff);
+        id.connect_qpn(&hello.encode(), qpn)?;
+        Ok(StalledConnect { afd, _id: id, chan })
+    }
+
+    /// Waits up to `limit` for the listener's answer and names it:
+    /// `"CONNECT_RESPONSE"` (it accepted and now waits for us, forever) or
+    /// `"REJECTED"` (with the reason text it sent); `None` if nothing came.
+    /// Reading the answer does not complete the handshake.
+    pub async fn answer(&self, limit: Duration) -> Result<Option<String>, Error> {
+        use rdma_sys::rdma_cm_event_type as ev;
+        let e = match tokio::time::timeout(limit, next_event(&self.chan, &self.afd)).await {
+            Ok(e) => e?,
+            Err(_) => return Ok(None),
+        };
+        Ok(Some(match e.kind {
+            ev::RDMA_CM_EVENT_CONNECT_RESPONSE => "CONNECT_RESPONSE".to_string(),
+            ev::RDMA_CM_EVENT_REJECTED => format!(
+                "REJECTED: {}",
+                String::from_utf8_lossy(&e.private_data).trim_end_matches('\0')
+            ),
+            k => format!("event {k} (status {})", e.status),
+        }))
     }
 }

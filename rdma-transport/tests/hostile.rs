@@ -17,10 +17,12 @@ use std::time::Duration;
 
 use rdma_transport::engine::wire::{Header, Hello, Kind, FLAG_LAST, HDR_LEN};
 use rdma_transport::testing::{RawPeer, WC_REM_ACCESS_ERR};
-use rdma_transport::{connect, Config, Error, Listener};
+use rdma_transport::{connect, Config, Error, Listener, PeerMisbehaved};
 
 mod common;
-use common::{device_ip, pattern};
+use common::{device_ip, iwarp, pattern};
+
+mod listener;
 
 /// How each connection the listener accepted ended.
 #[derive(Debug, Clone)]
@@ -34,8 +36,17 @@ enum Outcome {
 /// A listener echoing every message back, recording how each connection ended.
 struct EchoServer {
     addr: SocketAddr,
+    /// Peers of the connections accepted, in order.
+    accepted: Arc<Mutex<Vec<SocketAddr>>>,
+    /// Counters of each accepted connection (printed when one hangs).
+    stats: Arc<Mutex<HashMap<SocketAddr, Arc<rdma_transport::ConnStats>>>>,
+    /// How each connection ended, until `outcome` takes it (a later
+    /// connection may come from the same address and port: on iWARP the
+    /// port space is TCP's, and ports are reused).
     outcomes: Arc<Mutex<HashMap<SocketAddr, Outcome>>>,
     rejected: Arc<Mutex<Vec<Error>>>,
+    /// `Listener::refused`, published every 20 ms.
+    refused: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -46,11 +57,28 @@ impl EchoServer {
             .expect("bind");
         let addr = l.local_addr();
         let outcomes = Arc::new(Mutex::new(HashMap::new()));
+        let accepted = Arc::new(Mutex::new(Vec::new()));
+        let stats = Arc::new(Mutex::new(HashMap::new()));
+        let st = stats.clone();
         let rejected = Arc::new(Mutex::new(Vec::new()));
-        let (o, r) = (outcomes.clone(), rejected.clone());
+        let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (o, r, a, f) = (
+            outcomes.clone(),
+            rejected.clone(),
+            accepted.clone(),
+            refused.clone(),
+        );
         let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
             loop {
-                let c = match l.accept().await {
+                let c = tokio::select! {
+                    c = l.accept() => c,
+                    _ = tick.tick() => {
+                        f.store(l.refused(), std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
+                };
+                let c = match c {
                     Ok(c) => c,
                     Err(e) => {
                         r.lock().unwrap().push(e);
@@ -58,6 +86,8 @@ impl EchoServer {
                     }
                 };
                 let o = o.clone();
+                a.lock().unwrap().push(c.peer_addr());
+                st.lock().unwrap().insert(c.peer_addr(), c.stats());
                 tokio::spawn(async move {
                     let peer = c.peer_addr();
                     let (mut tx, mut rx) = c.split();
@@ -75,14 +105,21 @@ impl EchoServer {
                             Err(e) => break Outcome::Failed(e),
                         }
                     };
-                    o.lock().unwrap().insert(peer, end);
+                    let old = o.lock().unwrap().insert(peer, end);
+                    assert!(
+                        old.is_none(),
+                        "two connections from {peer} ended before the first outcome was read: {old:?}"
+                    );
                 });
             }
         });
         EchoServer {
             addr,
+            accepted,
+            stats,
             outcomes,
             rejected,
+            refused,
             task,
         }
     }
@@ -92,34 +129,48 @@ impl EchoServer {
         self.outcome_within(peer, Duration::from_secs(10)).await
     }
 
-    /// Waits up to `limit` for the connection from `peer` to end.
+    /// Waits up to `limit` for the connection from `peer` to end, and takes
+    /// its outcome.
     async fn outcome_within(&self, peer: SocketAddr, limit: Duration) -> Outcome {
         let end = tokio::time::Instant::now() + limit;
         while tokio::time::Instant::now() < end {
-            if let Some(o) = self.outcomes.lock().unwrap().get(&peer) {
-                return o.clone();
+            if let Some(o) = self.outcomes.lock().unwrap().remove(&peer) {
+                return o;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let ended = format!("{:?}", self.outcomes.lock().unwrap());
+        let stats = self.stats.lock().unwrap().get(&peer).map(|s| s.snapshot());
         panic!(
-            "the listener's connection from {peer} did not end within {limit:?}; ended: {:?}",
-            self.outcomes.lock().unwrap()
+            "the listener's connection from {peer} did not end within {limit:?}; ended: {ended}; \
+             its counters: {stats:?}"
         );
     }
 
-    /// Asserts the connection from `peer` failed with a protocol error
-    /// containing `what`.
-    async fn expect_protocol_error(&self, peer: SocketAddr, what: &str, case: &str) {
+    /// Asserts the connection from `peer` failed with the protocol
+    /// violation `want` accepts.
+    async fn expect_violation(
+        &self,
+        peer: SocketAddr,
+        case: &str,
+        want: impl Fn(&PeerMisbehaved) -> bool,
+    ) {
         match self.outcome(peer).await {
-            Outcome::Failed(Error::Protocol(m)) => {
-                assert!(
-                    m.contains(what),
-                    "{case}: error {m:?} does not name {what:?}"
-                );
-                println!("{case}: listener closed the connection: protocol error: {m}");
+            Outcome::Failed(Error::Protocol(v)) => {
+                assert!(want(&v), "{case}: wrong violation: {v:?}");
+                println!("{case}: listener closed the connection: {v:?} ({v})");
             }
-            o => panic!("{case}: expected a protocol error naming {what:?}, got {o:?}"),
+            o => panic!("{case}: expected a protocol violation, got {o:?}"),
         }
+    }
+
+    /// Asserts this listener accepted exactly the connections from `peers`.
+    fn assert_accepted(&self, peers: &[SocketAddr], case: &str) {
+        assert_eq!(
+            self.accepted.lock().unwrap().as_slice(),
+            peers,
+            "{case}: connections the listener accepted"
+        );
     }
 
     /// A well-behaved client on its own connection: small and rendezvous
@@ -188,13 +239,6 @@ async fn within<F: std::future::Future<Output = ()>>(secs: u64, what: &str, f: F
     tokio::time::timeout(Duration::from_secs(secs), f)
         .await
         .unwrap_or_else(|_| panic!("{what} did not finish within {secs} s"));
-}
-
-/// iWARP (siw) under test: set by the VM suite's siw run, or by hand.
-fn iwarp() -> bool {
-    std::env::var("RDMA_TEST_IWARP").as_deref() == Ok("1")
-        || (std::env::var("SOFTROCE_SIW_IP").is_ok()
-            && std::env::var("SOFTROCE_SIW_IP").ok() == std::env::var("SOFTROCE_IP").ok())
 }
 
 /// Asserts that an RDMA WRITE the raw peer made was refused by the
@@ -276,7 +320,12 @@ async fn sending_without_credit_closes_the_connection() {
             "the peer did overrun its credits ({sent} > {ring} + {returned})"
         );
         server
-            .expect_protocol_error(me, "without credit", "send without credit")
+            .expect_violation(me, "send without credit", |v| {
+                *v == PeerMisbehaved::SendWithoutCredit {
+                    excess: 1,
+                    granted: 64,
+                }
+            })
             .await;
         assert!(
             p.wait_disconnected(Duration::from_secs(10)).await.unwrap(),
@@ -293,88 +342,153 @@ async fn forged_rendezvous_notifications_close_the_connection() {
         return;
     };
     within(240, "forged notifications", async {
-        let server = EchoServer::start(ip, Config::default()).await;
-        // (case, what the listener's error must name)
-        let cases: [(&str, &str); 8] = [
-            (
-                "CHUNK names a buffer never advertised",
-                "unknown rendezvous buffer",
-            ),
-            ("CHUNK longer than its buffer", "out of bounds"),
-            (
-                "CHUNK at an address that is not its buffer",
-                "is not buffer",
-            ),
-            ("CHUNK out of round-robin order", "not granted"),
-            (
-                "CHUNK repeated for a buffer already consumed",
-                "not granted",
-            ),
-            ("CHUNK with a payload", "with payload"),
-            (
-                "more credits returned than ever granted",
-                "too many credits",
-            ),
-            ("CLOSE_SEEN for a CLOSE never sent", "never sent"),
+        let cases = [
+            "CHUNK names a buffer never advertised",
+            "CHUNK longer than its buffer",
+            "CHUNK at an address that is not its buffer",
+            "CHUNK out of round-robin order",
+            "CHUNK repeated for a buffer already consumed",
+            "CHUNK with a payload",
+            "more credits returned than ever granted",
+            "CLOSE_SEEN for a CLOSE never sent",
         ];
-        for (i, (case, what)) in cases.into_iter().enumerate() {
+        let mut last = None;
+        for (i, case) in cases.into_iter().enumerate() {
+            // Each case on its own listener and its own connection: nothing
+            // a previous case left behind (state, or an outcome recorded for
+            // a reused address and port) can decide this one.
+            let server = EchoServer::start(ip, Config::default()).await;
             let (mut p, me) = raw(&server, |_| {}).await;
             let h = p.peer_hello();
             let n = h.rdv_count;
             let b = h.rdv_bytes;
+            let a0 = buffer_addr(&h, 0);
             // A real 4 KiB WRITE into buffer 0 first, as an honest sender does.
             let data = pattern(i as u64, 4096);
-            let st = p
-                .write(&data, buffer_addr(&h, 0), h.rdv_rkey)
-                .await
-                .unwrap();
+            let st = p.write(&data, a0, h.rdv_rkey).await.unwrap();
             assert!(st.ok(), "{case}: honest WRITE into buffer 0: {st:?}");
-            let st = match i {
-                0 => p.send_header(Kind::Chunk, chunk(&h, n, 16, 16, true)).await,
-                1 => {
+            type Want = Box<dyn Fn(&PeerMisbehaved) -> bool>;
+            let (st, want): (_, Want) = match i {
+                0 => (
+                    p.send_header(Kind::Chunk, chunk(&h, n, 16, 16, true)).await,
+                    Box::new(move |v| {
+                        *v == PeerMisbehaved::ChunkUnknownBuffer { index: n, count: n }
+                    }),
+                ),
+                1 => (
                     p.send_header(Kind::Chunk, chunk(&h, 0, b + 1, 2 * b as u64, false))
-                        .await
-                }
+                        .await,
+                    Box::new(move |v| {
+                        *v == PeerMisbehaved::ChunkLength {
+                            len: b + 1,
+                            max: b as usize,
+                        }
+                    }),
+                ),
                 2 => {
                     let mut c = Header::new(Kind::Chunk);
                     chunk(&h, 0, 16, 16, true)(&mut c);
                     c.addr += 8;
                     let mut raw = [0u8; HDR_LEN];
                     c.encode(&mut raw);
-                    p.send_raw(&raw).await
+                    (
+                        p.send_raw(&raw).await,
+                        Box::new(move |v| {
+                            *v == PeerMisbehaved::ChunkWrongAddress {
+                                index: 0,
+                                addr: a0 + 8,
+                                expected: a0,
+                            }
+                        }),
+                    )
                 }
-                3 => p.send_header(Kind::Chunk, chunk(&h, 1, 16, 16, true)).await,
+                3 => (
+                    p.send_header(Kind::Chunk, chunk(&h, 1, 16, 16, true)).await,
+                    Box::new(move |v| {
+                        *v == PeerMisbehaved::ChunkBufferNotGranted {
+                            index: 1,
+                            expected: 0,
+                            held: n,
+                        }
+                    }),
+                ),
                 4 => {
                     let st = p
                         .send_header(Kind::Chunk, chunk(&h, 0, 4096, 8192, false))
                         .await
                         .unwrap();
                     assert!(st.ok());
-                    p.send_header(Kind::Chunk, chunk(&h, 0, 4096, 8192, true))
-                        .await
+                    (
+                        p.send_header(Kind::Chunk, chunk(&h, 0, 4096, 8192, true))
+                            .await,
+                        // Buffer 0 is owed back to the peer (held n - 1) or
+                        // already returned (held n); either way 1 is next.
+                        Box::new(|v| {
+                            matches!(
+                                v,
+                                PeerMisbehaved::ChunkBufferNotGranted {
+                                    index: 0,
+                                    expected: 1,
+                                    ..
+                                }
+                            )
+                        }),
+                    )
                 }
                 5 => {
                     let mut c = Header::new(Kind::Chunk);
                     chunk(&h, 0, 16, 16, true)(&mut c);
                     let mut raw = vec![0u8; HDR_LEN + 8];
                     c.encode(&mut raw);
-                    p.send_raw(&raw).await
+                    (
+                        p.send_raw(&raw).await,
+                        Box::new(|v| *v == PeerMisbehaved::ChunkWithPayload { len: HDR_LEN + 8 }),
+                    )
                 }
-                6 => p.send_header(Kind::Credit, |c| c.credit_return = 1).await,
-                _ => {
+                6 => (
+                    p.send_header(Kind::Credit, |c| c.credit_return = 1).await,
+                    // The listener has sent nothing yet: all 64 credits we
+                    // granted are still with it.
+                    Box::new(|v| {
+                        *v == PeerMisbehaved::TooManyCredits {
+                            credits: 65,
+                            granted: 64,
+                        }
+                    }),
+                ),
+                _ => (
                     p.send_header(Kind::Credit, |c| c.flags = 2 /* CLOSE_SEEN */)
-                        .await
-                }
-            }
-            .unwrap();
-            println!("{case}: SEND completed with {:?}", st.text);
-            server.expect_protocol_error(me, what, case).await;
+                        .await,
+                    Box::new(|v| *v == PeerMisbehaved::CloseSeenWithoutClose),
+                ),
+            };
+            let st = st.unwrap();
+            println!(
+                "{case}: connection from {me}: SEND completed with {:?}",
+                st.text
+            );
+            let t = std::time::Instant::now();
+            server.expect_violation(me, case, want).await;
+            println!(
+                "{case}: outcome {:.1} ms after the SEND",
+                t.elapsed().as_secs_f64() * 1e3
+            );
             assert!(
                 p.wait_disconnected(Duration::from_secs(10)).await.unwrap(),
                 "{case}: the listener disconnected the offender"
             );
+            server.assert_accepted(&[me], case);
+            let t = std::time::Instant::now();
+            drop(p);
+            println!(
+                "{case}: raw peer torn down in {:.1} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            last = Some(server);
         }
-        server.others_still_work("forged notifications").await;
+        last.expect("8 cases")
+            .others_still_work("forged notifications")
+            .await;
     })
     .await;
 }
@@ -387,6 +501,7 @@ async fn the_nic_refuses_writes_outside_the_advertised_region() {
     within(120, "writes outside the region", async {
         let server = EchoServer::start(ip, Config::default()).await;
         let cases = ["straddling the end", "just before the start", "forged rkey"];
+        let mut peers = vec![];
         for case in cases {
             let (mut p, me) = raw(&server, |_| {}).await;
             let h = p.peer_hello();
@@ -401,6 +516,9 @@ async fn the_nic_refuses_writes_outside_the_advertised_region() {
             // The listener's side of that QP is dead too: it must end with an
             // error, never as a clean close.
             expect_refused(&server, &mut p, me, &st, case).await;
+            // Each case was its own connection.
+            peers.push(me);
+            server.assert_accepted(&peers, case);
         }
         server.others_still_work("writes outside the region").await;
     })
@@ -554,7 +672,15 @@ async fn a_lying_hello_is_refused_or_fails_only_that_connection() {
         }
         let rej = server.rejected.lock().unwrap().clone();
         assert!(
-            matches!(rej.as_slice(), [Error::Protocol(m)] if m.contains("credit")),
+            matches!(
+                rej.as_slice(),
+                [Error::Protocol(PeerMisbehaved::HelloFieldRange {
+                    field: "credits",
+                    value: 1_000_000,
+                    min: 4,
+                    max: 4096
+                })]
+            ),
             "{rej:?}"
         );
         // A well-formed hello advertising a region the peer does not own:

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use rdma_transport::{connect, devices, global_stats, Config, Connection, Error, Listener};
 
 mod common;
-use common::{device_ip, pattern};
+use common::{device_ip, iwarp, pattern};
 
 async fn pair(ip: IpAddr, cfg: &Config) -> (Connection, Connection) {
     let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone())
@@ -105,8 +105,7 @@ async fn no_device_or_no_listener_is_clean_error() {
     // (Skipped on siw: its rdma_connect blocks in a kernel TCP connect for
     // ~2 min; connect() returns Timeout after connect_timeout, but the
     // blocking-pool thread, and so the test runtime's shutdown, waits.)
-    let siw = std::env::var("SOFTROCE_SIW_IP").ok() == std::env::var("SOFTROCE_IP").ok();
-    if let (IpAddr::V4(v4), false) = (ip, siw) {
+    if let (IpAddr::V4(v4), false) = (ip, iwarp()) {
         let o = v4.octets();
         let ghost = IpAddr::from([o[0], o[1], o[2], o[3].wrapping_add(100)]);
         let cfg = Config {
@@ -194,8 +193,7 @@ async fn message_sizes_integrity() {
             "WRITE path taken"
         );
         assert!(st.rendezvous_writes >= (64 << 20) / cfg.rendezvous_buffer_bytes as u64);
-        let siw = std::env::var("SOFTROCE_SIW_IP").ok() == std::env::var("SOFTROCE_IP").ok();
-        if siw {
+        if iwarp() {
             println!("(siw run: inline sends {})", st.inline_sends);
         } else {
             assert!(st.inline_sends > 0, "inline sends used");

@@ -4,14 +4,15 @@
 use crate::body::RecvBody;
 use crate::conn::Connection;
 use crate::session::{self, CallGuard, Inbound, Shared};
+use crate::tcp::{deadline_status, CallCancel, ClientResponseBody};
 use crate::{timeout, ConnInfo, Error, SessionConfig, Transport, TransportInfo, TransportKind};
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt};
 use http_body_util::BodyExt;
-use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::OwnedSemaphorePermit;
 use tonic::body::Body;
 use tonic::{Code, Status};
 
@@ -24,6 +25,14 @@ pub(crate) type Connector =
 /// A client channel to one server. Cheap to clone; clones share the connection
 /// and multiplex their calls over it.
 ///
+/// As a `tower::Service`, `poll_ready` on an RDMA or in-memory channel
+/// reserves one of the calls the server accepts at once on the connection
+/// (its `max_concurrent_calls`): it is `Pending` while all are in use, so
+/// tower's `Buffer`, `ConcurrencyLimit` and balancers see the back-pressure.
+/// The reservation belongs to this clone (clones start without one) and is
+/// released if this clone is dropped without `call`. On a TCP channel,
+/// `poll_ready` is tonic's.
+///
 /// ```no_run
 /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 /// let channel = rpc_core::Channel::connect("127.0.0.1:50051").await?;
@@ -31,10 +40,38 @@ pub(crate) type Connector =
 /// // let mut client = GreeterClient::new(channel);   // tonic-generated, unchanged
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
 pub struct Channel {
     inner: Inner,
     info: Arc<TransportInfo>,
+    /// Message transports: the call slot `poll_ready` reserved for the next `call`.
+    ready: Ready,
+}
+
+impl Clone for Channel {
+    fn clone(&self) -> Self {
+        Channel {
+            inner: self.inner.clone(),
+            info: self.info.clone(),
+            // A reservation is this clone's own (tower's contract).
+            ready: Ready::Idle,
+        }
+    }
+}
+
+type Slot = (Arc<Shared>, OwnedSemaphorePermit);
+
+/// Where a message channel's `poll_ready` stands.
+enum Ready {
+    /// Nothing reserved.
+    Idle,
+    /// Waiting for the session (connecting) or for a free call slot. In a
+    /// `Mutex` only so that `Channel` stays `Sync`; reached through `get_mut`.
+    Waiting(std::sync::Mutex<BoxFuture<'static, Result<Slot, Status>>>),
+    /// A slot is held for the next `call`.
+    Reserved(Slot),
+    /// No session could be had: the next `call` fails with this status (a
+    /// failed call, not a failed service, as gRPC channels report it).
+    Failed(Status),
 }
 
 #[derive(Clone)]
@@ -65,6 +102,14 @@ impl Drop for MsgChannel {
 }
 
 impl MsgChannel {
+    /// A call slot on the live session, if one is free right now (no waiting).
+    fn try_reserve(&self) -> Option<Slot> {
+        let guard = self.session.try_lock().ok()?;
+        let s = guard.as_ref().filter(|s| !s.is_unusable())?;
+        let permit = s.call_permits.clone().try_acquire_owned().ok()?;
+        Some((s.clone(), permit))
+    }
+
     async fn session(&self) -> Result<Arc<Shared>, Status> {
         let mut guard = self.session.lock().await;
         if let Some(s) = guard.as_ref() {
@@ -162,6 +207,7 @@ impl ChannelBuilder {
                 kind: TransportKind::Tcp,
                 fallback_reason: fallback,
             }),
+            ready: Ready::Idle,
         })
     }
 }
@@ -232,6 +278,7 @@ impl Channel {
                 connector,
             })),
             info: Arc::new(info),
+            ready: Ready::Idle,
         }
     }
 
@@ -247,11 +294,46 @@ impl tower::Service<http::Request<Body>> for Channel {
     type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        match &mut self.inner {
+        let chan = match &mut self.inner {
             Inner::Tcp(c) => {
-                tower::Service::<http::Request<Body>>::poll_ready(c, cx).map_err(Into::into)
+                return tower::Service::<http::Request<Body>>::poll_ready(c, cx).map_err(Into::into)
             }
-            Inner::Msg(_) => Poll::Ready(Ok(())),
+            Inner::Msg(m) => m,
+        };
+        loop {
+            match &mut self.ready {
+                Ready::Reserved((s, _)) if !s.is_unusable() => return Poll::Ready(Ok(())),
+                // The connection closed under the reservation: reserve on the next one.
+                Ready::Reserved(_) => self.ready = Ready::Idle,
+                Ready::Failed(_) => return Poll::Ready(Ok(())),
+                Ready::Waiting(f) => {
+                    let f = f.get_mut().unwrap_or_else(|e| e.into_inner());
+                    self.ready = match f.poll_unpin(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(slot)) => Ready::Reserved(slot),
+                        Poll::Ready(Err(st)) => Ready::Failed(st),
+                    };
+                }
+                Ready::Idle => {
+                    // Fast path: a live session with a free slot, no allocation.
+                    if let Some(slot) = chan.try_reserve() {
+                        self.ready = Ready::Reserved(slot);
+                        continue;
+                    }
+                    let chan = chan.clone();
+                    let wait = async move {
+                        let s = chan.session().await?;
+                        let permit = s
+                            .call_permits
+                            .clone()
+                            .acquire_owned()
+                            .await
+                            .map_err(|_| s.closed_status())?;
+                        Ok((s, permit))
+                    };
+                    self.ready = Ready::Waiting(std::sync::Mutex::new(Box::pin(wait)));
+                }
+            }
         }
     }
 
@@ -263,18 +345,26 @@ impl tower::Service<http::Request<Body>> for Channel {
                     .get("grpc-timeout")
                     .and_then(|v| v.to_str().ok())
                     .and_then(timeout::parse);
+                // The deadline covers the whole call from now, the response stream included.
+                let deadline = timeout.map(|t| (tokio::time::Instant::now() + t, t));
+                // Abandoning the call (dropping this future or the response
+                // body, or the deadline) resets its HTTP/2 stream even while
+                // the request stream is open: see `crate::tcp`.
+                let (cancel, req) = {
+                    let (parts, body) = req.into_parts();
+                    let (cancel, body) = CallCancel::new(body);
+                    (cancel, http::Request::from_parts(parts, body))
+                };
                 let fut = tower::Service::call(c, req);
                 Box::pin(async move {
                     match fut.await {
-                        // The deadline covers the whole call, the response stream included.
                         Ok(r) => Ok(match timeout {
                             // tonic's HTTP/2 server answers an expired grpc-timeout with
                             // CANCELLED "Timeout expired"; report it as gRPC specifies.
                             Some(t) if is_tonic_timeout_response(&r) => {
                                 trailers_only(deadline_status(t))
                             }
-                            Some(t) => r.map(|b| Body::new(DeadlineBody::new(b, t))),
-                            None => r,
+                            _ => r.map(|b| Body::new(ClientResponseBody::new(b, deadline, cancel))),
                         }),
                         // tonic's HTTP/2 channel reports an expired grpc-timeout as a
                         // transport error (Cancelled); gRPC says DEADLINE_EXCEEDED,
@@ -284,20 +374,31 @@ impl tower::Service<http::Request<Body>> for Channel {
                         }
                         // A connection that fails or closes under a call is
                         // UNAVAILABLE in gRPC's terms, as on the message transports
-                        // (tonic alone reports some of these as CANCELLED or UNKNOWN).
-                        Err(e) => Ok(trailers_only(Status::unavailable(format!(
-                            "tcp connection failed: {}",
-                            error_chain(&e)
-                        )))),
+                        // (tonic alone reports some of these as CANCELLED or UNKNOWN);
+                        // an error of this call's stream only is not a connection's.
+                        Err(e) => Ok(trailers_only(stream_reset_status(&e).unwrap_or_else(
+                            || {
+                                Status::unavailable(format!(
+                                    "tcp connection failed: {}",
+                                    error_chain(&e)
+                                ))
+                            },
+                        ))),
                     }
                 })
             }
             Inner::Msg(m) => {
                 let m = m.clone();
+                let slot = match std::mem::replace(&mut self.ready, Ready::Idle) {
+                    Ready::Reserved(slot) => Some(slot),
+                    Ready::Failed(st) => return Box::pin(async move { Err(status_error(st)) }),
+                    // `call` without `poll_ready`: the call waits for its slot itself.
+                    Ready::Idle | Ready::Waiting(_) => None,
+                };
                 Box::pin(async move {
-                    match msg_call(m, req).await {
+                    match msg_call(m, slot, req).await {
                         Ok(r) => Ok(r),
-                        Err(status) => Ok(trailers_only(status)),
+                        Err(status) => Err(status_error(status)),
                     }
                 })
             }
@@ -312,6 +413,43 @@ fn is_tonic_timeout_response(r: &http::Response<Body>) -> bool {
             .is_some_and(|v| v == "Timeout expired" || v == "Timeout%20expired")
 }
 
+/// An HTTP/2 error that reset only this call's stream, not the connection
+/// (e.g. response headers over this side's `SETTINGS_MAX_HEADER_LIST_SIZE`):
+/// its status per gRPC's `PROTOCOL-HTTP2.md` ("Errors": RST_STREAM codes).
+fn stream_reset_status(e: &(dyn std::error::Error + 'static)) -> Option<Status> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<h2::Error>() {
+            if !h.is_reset() {
+                return None;
+            }
+            let reason = h.reason()?;
+            let code = match reason {
+                h2::Reason::REFUSED_STREAM => Code::Unavailable,
+                h2::Reason::CANCEL => Code::Cancelled,
+                h2::Reason::ENHANCE_YOUR_CALM => Code::ResourceExhausted,
+                h2::Reason::INADEQUATE_SECURITY => Code::PermissionDenied,
+                _ => Code::Internal,
+            };
+            let by = if h.is_remote() {
+                "the server"
+            } else {
+                "this client"
+            };
+            return Some(Status::new(
+                code,
+                format!(
+                    "the HTTP/2 stream of this call was reset by {by} ({reason:?}); \
+                     the connection and other calls carry on: {}",
+                    error_chain(e)
+                ),
+            ));
+        }
+        cur = err.source();
+    }
+    None
+}
+
 fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(err) = cur {
@@ -321,6 +459,13 @@ fn is_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
         cur = err.source();
     }
     false
+}
+
+/// A call that failed before its response: tonic's client takes the `Status`
+/// back as it is (`Status::from_error` downcasts it), its `source()` included
+/// (e.g. the [`PeerMisbehaved`](crate::PeerMisbehaved) that closed the connection).
+fn status_error(status: Status) -> BoxError {
+    Box::new(status)
 }
 
 /// A response carrying only a status, as gRPC's "Trailers-Only".
@@ -338,6 +483,7 @@ fn is_transport_header(name: &http::HeaderName) -> bool {
 
 async fn msg_call(
     chan: Arc<MsgChannel>,
+    slot: Option<Slot>,
     req: http::Request<Body>,
 ) -> Result<http::Response<Body>, Status> {
     let (parts, mut body) = req.into_parts();
@@ -358,20 +504,27 @@ async fn msg_call(
     }
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let work = async {
-        let shared = chan.session().await?;
-        let md_bytes = crate::frame::metadata_bytes(&md);
-        if md_bytes > shared.peer.max_metadata_bytes as usize {
+        let (shared, permit) = match slot {
+            // Reserved by `poll_ready` (a slot on a session that was live then;
+            // if it closed since, OPEN fails below with its status).
+            Some(slot) => slot,
+            None => {
+                let shared = chan.session().await?;
+                let permit = shared
+                    .call_permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| shared.closed_status())?;
+                (shared, permit)
+            }
+        };
+        let limit = shared.peer.max_metadata_bytes as usize;
+        if let Err(e) = crate::frame::check_metadata(&md, limit) {
             return Err(Status::resource_exhausted(format!(
-                "request metadata is {md_bytes} bytes, over the server's limit of {} bytes",
-                shared.peer.max_metadata_bytes
+                "request metadata not sent: {e} (the server's max_metadata_bytes)"
             )));
         }
-        let permit = shared
-            .call_permits
-            .clone()
-            .acquire_owned()
-            .await
-            .map_err(|_| shared.closed_status())?;
         let remaining = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
         // Take what the request body has ready now: a unary request is one
         // message and then the end, so it needs no pump task, and OPEN plus its
@@ -394,8 +547,11 @@ async fn msg_call(
             }
         }
         let open_ends = end && ready.is_empty();
-        let (stream, mut rx, window) = shared
-            .open_stream(|id| crate::frame::encode_open(id, &path, remaining, &md, open_ends))?;
+        let (stream, mut rx, window) = shared.open_stream(|id| {
+            // Checked against `limit` just above: cannot fail here.
+            crate::frame::encode_open(id, &path, remaining, &md, open_ends, limit)
+                .unwrap_or_default()
+        })?;
         let mut guard = CallGuard {
             shared: shared.clone(),
             stream,
@@ -501,62 +657,5 @@ async fn msg_call(
             Err(_) => Err(deadline_status(timeout.unwrap_or_default())),
         },
         None => work.await,
-    }
-}
-
-fn deadline_status(t: Duration) -> Status {
-    Status::new(
-        Code::DeadlineExceeded,
-        format!("deadline exceeded: the call did not complete within {t:?}"),
-    )
-}
-
-pin_project_lite::pin_project! {
-    /// A response body that fails with DEADLINE_EXCEEDED once the call's deadline passes.
-    struct DeadlineBody {
-        #[pin]
-        inner: Body,
-        #[pin]
-        sleep: tokio::time::Sleep,
-        timeout: Duration,
-        expired: bool,
-    }
-}
-
-impl DeadlineBody {
-    fn new(inner: Body, timeout: Duration) -> Self {
-        DeadlineBody {
-            inner,
-            sleep: tokio::time::sleep(timeout),
-            timeout,
-            expired: false,
-        }
-    }
-}
-
-impl http_body::Body for DeadlineBody {
-    type Data = bytes::Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Status>>> {
-        let this = self.project();
-        if *this.expired {
-            return Poll::Ready(None);
-        }
-        if let Poll::Ready(f) = this.inner.poll_frame(cx) {
-            return Poll::Ready(f);
-        }
-        if this.sleep.poll(cx).is_ready() {
-            *this.expired = true;
-            return Poll::Ready(Some(Err(deadline_status(*this.timeout))));
-        }
-        Poll::Pending
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.expired || self.inner.is_end_stream()
     }
 }

@@ -48,21 +48,37 @@ pub struct DecodeLimits {
     pub max_metadata_bytes: usize,
 }
 
-/// Why a frame could not be decoded. The connection (or the call) is closed with it.
+/// Why a frame could not be decoded: one variant per rule of §1.2–§1.5, with
+/// the values that broke it. The connection is closed with it (see
+/// [`PeerMisbehaved::Malformed`](crate::PeerMisbehaved::Malformed)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FrameError {
-    /// The frame ended before a field it announces.
+    /// The frame ended before a field it announces (the frame type is named).
     #[error("truncated {0} frame")]
     Truncated(&'static str),
-    /// A field's value is not allowed.
-    #[error("invalid {what}: {detail}")]
-    Invalid {
-        /// Which field.
-        what: &'static str,
-        /// What was wrong.
-        detail: String,
-    },
-    /// The metadata of one frame exceeds the receiver's limit.
+    /// A frame that belongs to a call carries stream id 0 (§1.2).
+    #[error("{0} frame on stream id 0")]
+    StreamZero(&'static str),
+    /// A string field is not UTF-8 (§1.2).
+    #[error("{0} is not UTF-8")]
+    NotUtf8(&'static str),
+    /// OPEN's method path does not start with `/` (§1.3).
+    #[error("method path {0:?} does not start with '/'")]
+    BadMethodPath(String),
+    /// A metadata name is not a valid lower-case HTTP header name (§1.3).
+    #[error("invalid metadata name {0:?}")]
+    BadMetadataName(String),
+    /// A metadata value has bytes an HTTP header value cannot hold (§1.3).
+    #[error("invalid metadata value for {0}")]
+    BadMetadataValue(String),
+    /// WINDOW_UPDATE with an increment of 0 (§1.4).
+    #[error("WINDOW_UPDATE with increment 0")]
+    ZeroWindowIncrement,
+    /// A BATCH inside a BATCH (§1.7).
+    #[error("nested BATCH")]
+    NestedBatch,
+    /// The metadata of one frame exceeds the receiver's limit (§1.5).
     #[error("metadata of {got} bytes exceeds the limit of {limit} bytes")]
     MetadataTooLarge {
         /// Bytes the frame carries (or so far).
@@ -70,6 +86,47 @@ pub enum FrameError {
         /// The receiver's limit.
         limit: usize,
     },
+}
+
+/// Why a metadata block cannot be sent to the peer (checked before encoding, §1.5).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetadataError {
+    /// Names + values exceed the limit the peer advertised in its HELLO.
+    #[error("metadata of {got} bytes exceeds the peer's limit of {limit} bytes")]
+    TooLarge {
+        /// Bytes of names + values.
+        got: usize,
+        /// The peer's `max_metadata_bytes`.
+        limit: usize,
+    },
+    /// More entries than the 16-bit count of §1.3 can carry.
+    #[error("{count} metadata entries, more than the {max} one frame can carry")]
+    TooManyEntries {
+        /// Entries (values) in the map.
+        count: usize,
+        /// [`MAX_METADATA_ENTRIES`].
+        max: usize,
+    },
+}
+
+/// Most metadata entries one OPEN/HEADERS/TRAILERS carries (a u16 count, §1.3).
+pub const MAX_METADATA_ENTRIES: usize = u16::MAX as usize;
+
+/// Checks `md` against the peer's `limit` (names + values, §1.5) and the
+/// entry count the frame can carry; returns the bytes it counts.
+pub fn check_metadata(md: &HeaderMap, limit: usize) -> Result<usize, MetadataError> {
+    if md.len() > MAX_METADATA_ENTRIES {
+        return Err(MetadataError::TooManyEntries {
+            count: md.len(),
+            max: MAX_METADATA_ENTRIES,
+        });
+    }
+    let got = metadata_bytes(md);
+    if got > limit {
+        return Err(MetadataError::TooLarge { got, limit });
+    }
+    Ok(got)
 }
 
 /// HELLO settings (§1.1).
@@ -196,30 +253,57 @@ pub fn metadata_bytes(md: &HeaderMap) -> usize {
     metadata_size(md).1
 }
 
-fn put_metadata(b: &mut BytesMut, md: &HeaderMap) {
-    b.put_u16(md.len() as u16);
+/// Writes a metadata block (§1.3). `md` has passed [`check_metadata`], so the
+/// count fits in u16; a header name is at most 64 KiB - 1 (`http`'s limit) and
+/// a value's length fits in u32 (checked all the same, never truncated).
+fn put_metadata(b: &mut BytesMut, md: &HeaderMap) -> Result<(), MetadataError> {
+    let too_many = || MetadataError::TooManyEntries {
+        count: md.len(),
+        max: MAX_METADATA_ENTRIES,
+    };
+    b.put_u16(u16::try_from(md.len()).map_err(|_| too_many())?);
     for (k, v) in md {
-        b.put_u16(k.as_str().len() as u16);
+        let too_large = || MetadataError::TooLarge {
+            got: metadata_bytes(md),
+            limit: u32::MAX as usize,
+        };
+        b.put_u16(u16::try_from(k.as_str().len()).map_err(|_| too_large())?);
         b.put_slice(k.as_str().as_bytes());
-        b.put_u32(v.len() as u32);
+        b.put_u32(u32::try_from(v.len()).map_err(|_| too_large())?);
         b.put_slice(v.as_bytes());
     }
+    Ok(())
+}
+
+/// The longest prefix of `s` that fits a u16 length and ends on a character
+/// boundary, so that a truncated string is still UTF-8 for the peer (§1.2).
+fn truncate_utf8(s: &str) -> &str {
+    let mut n = s.len().min(u16::MAX as usize);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    &s[..n]
 }
 
 fn put_string(b: &mut BytesMut, s: &str) {
-    let s = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
-    b.put_u16(s.len() as u16);
-    b.put_slice(s);
+    let s = truncate_utf8(s);
+    // Cannot fail: `truncate_utf8` returns at most u16::MAX bytes.
+    b.put_u16(u16::try_from(s.len()).unwrap_or(u16::MAX));
+    b.put_slice(s.as_bytes());
 }
 
-/// Encodes OPEN. The caller has checked the metadata against the peer's limit.
+/// Encodes OPEN, after checking the metadata against the peer's limit
+/// (`max_metadata_bytes` of its HELLO, §1.5). A method path longer than 64 KiB
+/// is truncated (at a character boundary): the server then answers UNIMPLEMENTED.
 pub fn encode_open(
     stream: u32,
     path: &str,
     timeout: Option<Duration>,
     md: &HeaderMap,
     end_stream: bool,
-) -> Bytes {
+    limit: usize,
+) -> Result<Bytes, MetadataError> {
+    check_metadata(md, limit)?;
     let (mdlen, _) = metadata_size(md);
     let mut b = BytesMut::with_capacity(HEADER_LEN + 8 + 2 + path.len() + mdlen);
     header(
@@ -231,17 +315,25 @@ pub fn encode_open(
     let micros = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
     b.put_u64(micros);
     put_string(&mut b, path);
-    put_metadata(&mut b, md);
-    b.freeze()
+    put_metadata(&mut b, md)?;
+    Ok(b.freeze())
 }
 
-/// Encodes HEADERS or TRAILERS.
-pub fn encode_metadata_frame(kind: u8, stream: u32, md: &HeaderMap) -> Bytes {
+/// Encodes HEADERS or TRAILERS, after checking the metadata against the
+/// peer's limit (`max_metadata_bytes` of its HELLO, §1.5): a block the peer
+/// would refuse is an error here, for the caller to fail only that call.
+pub fn encode_metadata_frame(
+    kind: u8,
+    stream: u32,
+    md: &HeaderMap,
+    limit: usize,
+) -> Result<Bytes, MetadataError> {
+    check_metadata(md, limit)?;
     let (mdlen, _) = metadata_size(md);
     let mut b = BytesMut::with_capacity(HEADER_LEN + mdlen);
     header(&mut b, kind, 0, stream);
-    put_metadata(&mut b, md);
-    b.freeze()
+    put_metadata(&mut b, md)?;
+    Ok(b.freeze())
 }
 
 /// Encodes DATA (copies `data` behind the header).
@@ -329,10 +421,7 @@ impl Reader<'_> {
     fn string(&mut self, what: &'static str) -> Result<String, FrameError> {
         let n = self.u16()? as usize;
         let b = self.bytes(n)?;
-        String::from_utf8(b.to_vec()).map_err(|_| FrameError::Invalid {
-            what,
-            detail: "not UTF-8".into(),
-        })
+        String::from_utf8(b.to_vec()).map_err(|_| FrameError::NotUtf8(what))
     }
     fn metadata(&mut self, limits: &DecodeLimits) -> Result<HeaderMap, FrameError> {
         let count = self.u16()? as usize;
@@ -357,14 +446,11 @@ impl Reader<'_> {
                 });
             }
             let v = self.bytes(vlen)?;
-            let name = HeaderName::from_bytes(&k).map_err(|_| FrameError::Invalid {
-                what: "metadata name",
-                detail: format!("{:?}", String::from_utf8_lossy(&k)),
+            let name = HeaderName::from_bytes(&k).map_err(|_| {
+                FrameError::BadMetadataName(String::from_utf8_lossy(&k).into_owned())
             })?;
-            let value = HeaderValue::from_maybe_shared(v).map_err(|_| FrameError::Invalid {
-                what: "metadata value",
-                detail: format!("for {name}"),
-            })?;
+            let value = HeaderValue::from_maybe_shared(v)
+                .map_err(|_| FrameError::BadMetadataValue(name.to_string()))?;
             md.append(name, value);
         }
         Ok(md)
@@ -382,10 +468,7 @@ pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameErr
     let end_stream = flags & FLAG_END_STREAM != 0;
     let nonzero = |what: &'static str| -> Result<(), FrameError> {
         if stream == 0 {
-            Err(FrameError::Invalid {
-                what,
-                detail: "stream id 0".into(),
-            })
+            Err(FrameError::StreamZero(what))
         } else {
             Ok(())
         }
@@ -412,10 +495,7 @@ pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameErr
             let micros = r.u64()?;
             let path = r.string("method path")?;
             if !path.starts_with('/') {
-                return Err(FrameError::Invalid {
-                    what: "method path",
-                    detail: format!("{path:?} does not start with '/'"),
-                });
+                return Err(FrameError::BadMethodPath(path));
             }
             let metadata = r.metadata(limits)?;
             Frame::Open {
@@ -461,10 +541,7 @@ pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameErr
             r.what = "WINDOW_UPDATE";
             let increment = r.u32()?;
             if increment == 0 {
-                return Err(FrameError::Invalid {
-                    what: "window increment",
-                    detail: "0".into(),
-                });
+                return Err(FrameError::ZeroWindowIncrement);
             }
             Frame::WindowUpdate { stream, increment }
         }
@@ -483,10 +560,7 @@ pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameErr
                 let n = r.u32()? as usize;
                 let part = r.bytes(n)?;
                 if part.first() == Some(&kind::BATCH) {
-                    return Err(FrameError::Invalid {
-                        what: "BATCH",
-                        detail: "nested BATCH".into(),
-                    });
+                    return Err(FrameError::NestedBatch);
                 }
                 parts.push(part);
             }
@@ -518,7 +592,9 @@ mod tests {
             Some(Duration::from_millis(1500)),
             &md,
             false,
-        );
+            LIM.max_metadata_bytes,
+        )
+        .unwrap();
         match decode(b, &LIM).unwrap() {
             Frame::Open {
                 stream,
@@ -585,19 +661,108 @@ mod tests {
     fn metadata_over_limit_is_rejected() {
         let mut md = HeaderMap::new();
         md.insert("x-big", HeaderValue::from_str(&"a".repeat(20_000)).unwrap());
-        let b = encode_metadata_frame(kind::HEADERS, 1, &md);
-        assert!(matches!(
+        // The sender refuses to encode it for a peer with a 16 KiB limit...
+        assert_eq!(
+            encode_metadata_frame(kind::HEADERS, 1, &md, LIM.max_metadata_bytes),
+            Err(MetadataError::TooLarge {
+                got: 20_005,
+                limit: 16 * 1024
+            })
+        );
+        // ...and a receiver with that limit refuses it.
+        let b = encode_metadata_frame(kind::HEADERS, 1, &md, usize::MAX).unwrap();
+        assert_eq!(
             decode(b, &LIM),
-            Err(FrameError::MetadataTooLarge { .. })
-        ));
+            Err(FrameError::MetadataTooLarge {
+                got: 20_005,
+                limit: 16 * 1024
+            })
+        );
+    }
+
+    #[test]
+    fn metadata_entry_count_is_checked_not_wrapped() {
+        // 65536 entries: `as u16` would have written a count of 0 and the
+        // entries after it as garbage frames.
+        let mut md = HeaderMap::new();
+        for i in 0..=MAX_METADATA_ENTRIES {
+            md.append("k", HeaderValue::from(i));
+        }
+        let err = Err(MetadataError::TooManyEntries {
+            count: MAX_METADATA_ENTRIES + 1,
+            max: MAX_METADATA_ENTRIES,
+        });
+        assert_eq!(check_metadata(&md, usize::MAX).map(|_| ()), err.clone());
+        assert_eq!(
+            encode_metadata_frame(kind::TRAILERS, 1, &md, usize::MAX).map(|_| ()),
+            err
+        );
+        assert_eq!(
+            encode_open(1, "/a.B/C", None, &md, false, usize::MAX).map(|_| ()),
+            err
+        );
+        // The largest count that fits still round-trips.
+        md.remove("k");
+        for i in 0..MAX_METADATA_ENTRIES {
+            md.append("k", HeaderValue::from(i % 10));
+        }
+        let b = encode_metadata_frame(kind::TRAILERS, 1, &md, usize::MAX).unwrap();
+        let lim = DecodeLimits {
+            max_metadata_bytes: usize::MAX,
+        };
+        match decode(b, &lim).unwrap() {
+            Frame::Trailers { metadata, .. } => assert_eq!(metadata.len(), MAX_METADATA_ENTRIES),
+            f => panic!("decoded {f:?}"),
+        }
+    }
+
+    #[test]
+    fn long_strings_are_truncated_at_a_char_boundary() {
+        // 'é' is 2 bytes: 65535 bytes of it would end in the middle of one.
+        let msg = "é".repeat(40_000);
+        let b = encode_reset(1, 13, &msg);
+        match decode(b, &LIM).unwrap() {
+            Frame::Reset { message, .. } => {
+                assert_eq!(message.len(), 65_534);
+                assert!(msg.starts_with(&message));
+            }
+            f => panic!("decoded {f:?}"),
+        }
+        // 4-byte characters, and a path: every cut point decodes.
+        for extra in 0..4 {
+            let path = format!("/{}{}", "x".repeat(extra), "🦀".repeat(20_000));
+            let b = encode_open(3, &path, None, &HeaderMap::new(), false, 0).unwrap();
+            match decode(b, &LIM).unwrap() {
+                Frame::Open { path: p, .. } => {
+                    assert!(p.len() <= u16::MAX as usize && p.len() > u16::MAX as usize - 4);
+                    assert!(path.starts_with(&p));
+                }
+                f => panic!("decoded {f:?}"),
+            }
+        }
+        let b = encode_goaway(0, 0, &"ü".repeat(40_000));
+        assert!(matches!(decode(b, &LIM), Ok(Frame::GoAway { .. })));
     }
 
     #[test]
     fn stream_zero_and_bad_path_rejected() {
-        assert!(decode(encode_data(0, b"x", false), &LIM).is_err());
-        let b = encode_open(1, "no-slash", None, &HeaderMap::new(), false);
-        assert!(decode(b, &LIM).is_err());
-        assert!(decode(encode_window_update(1, 0), &LIM).is_err());
+        assert_eq!(
+            decode(encode_data(0, b"x", false), &LIM),
+            Err(FrameError::StreamZero("DATA"))
+        );
+        let b = encode_open(1, "no-slash", None, &HeaderMap::new(), false, 0).unwrap();
+        assert_eq!(
+            decode(b, &LIM),
+            Err(FrameError::BadMethodPath("no-slash".into()))
+        );
+        assert_eq!(
+            decode(encode_window_update(1, 0), &LIM),
+            Err(FrameError::ZeroWindowIncrement)
+        );
+        assert_eq!(
+            decode(Bytes::from_static(&[kind::OPEN, 0, 0]), &LIM),
+            Err(FrameError::Truncated("frame header"))
+        );
     }
 
     #[test]
@@ -609,11 +774,17 @@ mod tests {
             decode(batch.clone(), &LIM).unwrap(),
             Frame::Batch(vec![a, b])
         );
-        assert!(decode(encode_batch(&[batch]), &LIM).is_err());
+        assert_eq!(
+            decode(encode_batch(&[batch]), &LIM),
+            Err(FrameError::NestedBatch)
+        );
         // A length running past the end is an error, not a panic.
         let mut bad = BytesMut::from(&encode_batch(&[encode_window_update(1, 5)])[..]);
         bad[HEADER_LEN + 3] = 200;
-        assert!(decode(bad.freeze(), &LIM).is_err());
+        assert_eq!(
+            decode(bad.freeze(), &LIM),
+            Err(FrameError::Truncated("BATCH"))
+        );
     }
 
     proptest! {
@@ -628,7 +799,7 @@ mod tests {
         fn truncated_open_is_an_error(cut in 0usize..60) {
             let mut md = HeaderMap::new();
             md.insert("x-k", "v".parse().unwrap());
-            let full = encode_open(1, "/a.B/C", None, &md, false);
+            let full = encode_open(1, "/a.B/C", None, &md, false, 1024).unwrap();
             if cut < full.len() {
                 let _ = decode(full.slice(..cut), &LIM);
             }

@@ -28,14 +28,17 @@ mod body;
 mod client;
 pub mod conn;
 pub mod frame;
+mod misbehaved;
 pub mod rdma;
 mod server;
 mod session;
+mod tcp;
 pub mod timeout;
 mod window;
 
 pub use body::RecvBody;
 pub use client::{Channel, ChannelBuilder};
+pub use misbehaved::PeerMisbehaved;
 pub use server::{MemoryServer, Router, Server, ServingHandle};
 
 use std::fmt;

@@ -3,8 +3,10 @@
 
 use crate::body::RecvBody;
 use crate::conn::{self, Connection};
-use crate::session::{self, Acceptor, OpenCall, Shared};
-use crate::{frame, timeout, Channel, ConnInfo, Error, SessionConfig, TransportKind};
+use crate::session::{self, Acceptor, MisbehavedHook, OpenCall, Shared};
+use crate::{
+    frame, timeout, Channel, ConnInfo, Error, PeerMisbehaved, SessionConfig, TransportKind,
+};
 use http_body_util::BodyExt;
 use std::convert::Infallible;
 use std::future::Future;
@@ -19,12 +21,34 @@ use tonic::{Code, Status};
 use tower::{Service, ServiceExt};
 
 /// Server configuration; [`Server::builder`] starts one.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Server {
     session: SessionConfig,
-    concurrency_limit: Option<usize>,
+    /// Calls at once per connection, already clamped to `1..=u32::MAX`
+    /// ([`calls_limit`]) so that every transport applies the same number.
+    concurrency_limit: Option<u32>,
     tcp_nodelay: bool,
     tcp_only: bool,
+    on_misbehaved: Option<MisbehavedHook>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("session", &self.session)
+            .field("concurrency_limit", &self.concurrency_limit)
+            .field("tcp_nodelay", &self.tcp_nodelay)
+            .field("tcp_only", &self.tcp_only)
+            .field("on_misbehaved", &self.on_misbehaved.is_some())
+            .finish()
+    }
+}
+
+/// The one conversion of a user's per-connection call limit: at least 1 (a
+/// limit of 0 would refuse every call), at most `u32::MAX` (HELLO's field,
+/// §1.1), never truncated.
+fn calls_limit(limit: usize) -> u32 {
+    u32::try_from(limit.max(1)).unwrap_or(u32::MAX)
 }
 
 impl Server {
@@ -38,9 +62,25 @@ impl Server {
 
     /// Calls handled at once per connection, on every transport (as tonic's
     /// option of the same name). Clients wait for a free slot.
+    ///
+    /// The limit is at least 1 and at most `u32::MAX` (larger values mean
+    /// `u32::MAX`), the same on RDMA, in-memory and TCP connections.
     pub fn concurrency_limit_per_connection(mut self, limit: usize) -> Self {
+        let limit = calls_limit(limit);
         self.concurrency_limit = Some(limit);
-        self.session.max_concurrent_calls = limit.clamp(1, u32::MAX as usize) as u32;
+        self.session.max_concurrent_calls = limit;
+        self
+    }
+
+    /// Calls `hook` with each peer that violates the call protocol (on RDMA
+    /// and in-memory connections), just before its connection is closed: for
+    /// metrics, logs or tests. The hook runs on the connection's reader task
+    /// and must not block.
+    pub fn on_peer_misbehaved(
+        mut self,
+        hook: impl Fn(&ConnInfo, &PeerMisbehaved) + Send + Sync + 'static,
+    ) -> Self {
+        self.on_misbehaved = Some(std::sync::Arc::new(hook));
         self
     }
 
@@ -55,7 +95,7 @@ impl Server {
         let limit = self.concurrency_limit;
         self.session = c;
         if let Some(l) = limit {
-            self.session.max_concurrent_calls = l as u32;
+            self.session.max_concurrent_calls = l;
         }
         self
     }
@@ -160,8 +200,12 @@ impl Router {
             .map_err(|e| Error::Serve(format!("listening on TCP {local}: {e}")))?;
         let mut tonic_server = tonic::transport::Server::builder();
         if let Some(l) = self.server.concurrency_limit {
+            let l = usize::try_from(l).unwrap_or(usize::MAX);
             tonic_server = tonic_server.concurrency_limit_per_connection(l);
         }
+        // Deadlines as on the message transports: DEADLINE_EXCEEDED (not
+        // tonic's CANCELLED "Timeout expired"), over the whole call.
+        let mut tonic_server = tonic_server.layer(crate::tcp::ServerDeadlineLayer);
         let incoming = tonic::transport::server::TcpIncoming::from(listener)
             .with_nodelay(Some(self.server.tcp_nodelay));
         let mut rx = stop_rx.clone();
@@ -229,11 +273,14 @@ impl Router {
 
     fn acceptor(&self) -> Acceptor {
         let routes = self.routes.clone();
-        Arc::new(move |shared: Arc<Shared>, call: OpenCall| {
-            let routes = routes.clone();
-            let h = tokio::spawn(handle_call(routes, shared, call));
-            Some(h.abort_handle())
-        })
+        Acceptor {
+            accept: Arc::new(move |shared: Arc<Shared>, call: OpenCall| {
+                let routes = routes.clone();
+                let h = tokio::spawn(handle_call(routes, shared, call));
+                Some(h.abort_handle())
+            }),
+            on_misbehaved: self.server.on_misbehaved.clone(),
+        }
     }
 }
 
@@ -403,18 +450,12 @@ async fn handle_call(mut routes: Routes, shared: Arc<Shared>, call: OpenCall) {
         headers.remove(http::header::CONTENT_LENGTH);
         if headers.contains_key("grpc-status") && http_body::Body::is_end_stream(&body) {
             // Trailers-only response (e.g. unimplemented, or an error before any message).
-            shared.send_ctrl(frame::encode_metadata_frame(
-                frame::kind::TRAILERS,
-                stream,
-                &headers,
-            ));
+            send_metadata(&shared, stream, frame::kind::TRAILERS, &headers);
             return;
         }
-        shared.send_ctrl(frame::encode_metadata_frame(
-            frame::kind::HEADERS,
-            stream,
-            &headers,
-        ));
+        if !send_metadata(&shared, stream, frame::kind::HEADERS, &headers) {
+            return;
+        }
         loop {
             match body.frame().await {
                 Some(Ok(f)) => match f.into_data() {
@@ -429,11 +470,7 @@ async fn handle_call(mut routes: Routes, shared: Arc<Shared>, call: OpenCall) {
                     }
                     Err(f) => {
                         if let Ok(trailers) = f.into_trailers() {
-                            shared.send_ctrl(frame::encode_metadata_frame(
-                                frame::kind::TRAILERS,
-                                stream,
-                                &trailers,
-                            ));
+                            send_metadata(&shared, stream, frame::kind::TRAILERS, &trailers);
                             return;
                         }
                     }
@@ -478,9 +515,63 @@ fn send_status(shared: &Shared, stream: u32, status: Status) {
     if status.add_header(&mut md).is_err() {
         md.insert("grpc-status", http::HeaderValue::from(status.code() as i32));
     }
-    shared.send_ctrl(frame::encode_metadata_frame(
-        frame::kind::TRAILERS,
-        stream,
-        &md,
-    ));
+    send_metadata(shared, stream, frame::kind::TRAILERS, &md);
+}
+
+/// Sends a call's HEADERS or TRAILERS if the client's metadata limit (its
+/// HELLO, §1.5) allows. A block over the limit would be a protocol violation
+/// that closes the whole connection at the client, so it never leaves: only
+/// this call fails, with a RESET (RESOURCE_EXHAUSTED) that names the limit,
+/// the size and the status the handler meant to send. Returns whether the
+/// frame was sent.
+fn send_metadata(shared: &Shared, stream: u32, kind: u8, md: &http::HeaderMap) -> bool {
+    let limit = shared.peer.max_metadata_bytes as usize;
+    match frame::encode_metadata_frame(kind, stream, md, limit) {
+        Ok(f) => {
+            shared.send_ctrl(f);
+            true
+        }
+        Err(e) => {
+            let what = if kind == frame::kind::HEADERS {
+                "headers"
+            } else {
+                "trailers"
+            };
+            let handler_status = md
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .map_or_else(String::new, |c| format!(" (grpc-status {c})"));
+            let status = Status::resource_exhausted(format!(
+                "the server's response {what}{handler_status} were not sent: {e} \
+                 (the client's max_metadata_bytes)"
+            ));
+            tracing::warn!(stream, peer = ?shared.info.peer, "{}", status.message());
+            // Also cancels this handler (the task running this code): it ends here.
+            shared.reset_stream(stream, status);
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_limit_is_converted_once_and_never_truncated() {
+        // 2^32 + 5 used to become 5 when a session config was set afterwards.
+        let s = Server::builder()
+            .concurrency_limit_per_connection((1usize << 32) + 5)
+            .session_config(SessionConfig::default());
+        assert_eq!(s.concurrency_limit, Some(u32::MAX));
+        assert_eq!(s.session.max_concurrent_calls, u32::MAX);
+        // 0 would refuse every call: it means 1, on every transport.
+        let s = Server::builder().concurrency_limit_per_connection(0);
+        assert_eq!(s.concurrency_limit, Some(1));
+        assert_eq!(s.session.max_concurrent_calls, 1);
+        let s = Server::builder()
+            .session_config(SessionConfig::default())
+            .concurrency_limit_per_connection(7);
+        assert_eq!(s.session.max_concurrent_calls, 7);
+    }
 }

@@ -7,9 +7,9 @@
 //! granted to the peer (§1.4), so a slow call cannot stall the others.
 
 use crate::conn::{Connection, FrameReceiver, FrameSender};
-use crate::frame::{self, DecodeLimits, Frame, FrameError, Hello};
+use crate::frame::{self, DecodeLimits, Frame, Hello};
 use crate::window::SendWindow;
-use crate::{ConnInfo, SessionConfig};
+use crate::{ConnInfo, PeerMisbehaved, SessionConfig};
 use bytes::Bytes;
 use http::HeaderMap;
 use std::collections::HashMap;
@@ -44,9 +44,27 @@ pub(crate) struct OpenCall {
     pub(crate) window: Arc<SendWindow>,
 }
 
-/// Server hook: called by the reader for each OPEN; must not block.
-pub(crate) type Acceptor =
+/// Called by the reader for each OPEN; must not block.
+pub(crate) type AcceptFn =
     Arc<dyn Fn(Arc<Shared>, OpenCall) -> Option<tokio::task::AbortHandle> + Send + Sync>;
+
+/// Told of each peer that violated the call protocol, before its connection closes.
+pub(crate) type MisbehavedHook = Arc<dyn Fn(&ConnInfo, &PeerMisbehaved) + Send + Sync>;
+
+/// The server side of a session: what runs each call the peer opens.
+#[derive(Clone)]
+pub(crate) struct Acceptor {
+    pub(crate) accept: AcceptFn,
+    pub(crate) on_misbehaved: Option<MisbehavedHook>,
+}
+
+/// The status calls fail with when the peer broke the protocol: the
+/// violation's code and text, and the [`PeerMisbehaved`] as `source()`.
+pub(crate) fn misbehaved_status(e: &PeerMisbehaved) -> Status {
+    let mut st = Status::new(e.code(), format!("peer violated the call protocol: {e}"));
+    st.set_source(Arc::new(e.clone()));
+    st
+}
 
 #[derive(Debug)]
 struct StreamEntry {
@@ -59,14 +77,18 @@ struct StreamEntry {
 }
 
 impl StreamEntry {
-    /// Ends a call that was removed from the map: its reader sees `status`,
-    /// its sender stops, its handler (server side) is cancelled.
+    /// Ends a call that was removed from the map: its handler (server side)
+    /// is cancelled, its reader sees `status`, its sender stops.
+    ///
+    /// The handler is cancelled first: tonic turns a CANCELLED error of a
+    /// request stream into its end (`None`), so a handler woken by the reset
+    /// could otherwise finish its response as if the client had half-closed.
     fn abort(self, status: Status) {
-        let _ = self.inbound.send(Inbound::Reset(status.clone()));
-        self.window.close(status);
         if let Some(h) = self.handler {
             h.abort();
         }
+        let _ = self.inbound.send(Inbound::Reset(status.clone()));
+        self.window.close(status);
     }
 }
 
@@ -129,10 +151,13 @@ fn io_status(what: &str, info: &ConnInfo, e: &io::Error) -> Status {
 }
 
 /// Handshake (§1.1): both sides send HELLO first, then wait for the peer's.
+/// A peer that answers with something else is reported to `hook`.
 async fn handshake<S: FrameSender, R: FrameReceiver>(
     tx: &mut S,
     rx: &mut R,
     config: &SessionConfig,
+    info: &ConnInfo,
+    hook: Option<&MisbehavedHook>,
 ) -> Result<Hello, Status> {
     let ours = Hello {
         version: frame::PROTOCOL_VERSION,
@@ -160,18 +185,22 @@ async fn handshake<S: FrameSender, R: FrameReceiver>(
         let limits = DecodeLimits {
             max_metadata_bytes: config.max_metadata_bytes as usize,
         };
-        match frame::decode(first, &limits) {
-            Ok(Frame::Hello(h)) if h.version == frame::PROTOCOL_VERSION => Ok(h),
-            Ok(Frame::Hello(h)) => Err(Status::unavailable(format!(
-                "peer speaks call-protocol version {}, this side {}",
-                h.version,
-                frame::PROTOCOL_VERSION
-            ))),
-            Ok(other) => Err(Status::unavailable(format!(
-                "protocol error: expected HELLO, got {other:?}"
-            ))),
-            Err(e) => Err(Status::unavailable(format!("protocol error in HELLO: {e}"))),
+        let kind = first.first().copied().unwrap_or(0);
+        let bad = match frame::decode(first, &limits) {
+            Ok(Frame::Hello(h)) if h.version == frame::PROTOCOL_VERSION => return Ok(h),
+            Ok(Frame::Hello(h)) => PeerMisbehaved::VersionMismatch {
+                peer: h.version,
+                ours: frame::PROTOCOL_VERSION,
+            },
+            Ok(_) => PeerMisbehaved::ExpectedHello { kind },
+            Err(e) => PeerMisbehaved::from(e),
+        };
+        if let Some(hook) = hook {
+            hook(info, &bad);
         }
+        let mut st = Status::unavailable(format!("call-protocol handshake failed: {bad}"));
+        st.set_source(Arc::new(bad));
+        Err(st)
     };
     tokio::time::timeout(config.handshake_timeout, work)
         .await
@@ -191,7 +220,8 @@ pub(crate) async fn start<C: Connection>(
     acceptor: Option<Acceptor>,
 ) -> Result<Arc<Shared>, Status> {
     let (mut tx, mut rx) = conn.split();
-    let peer = match handshake(&mut tx, &mut rx, &config).await {
+    let hook = acceptor.as_ref().and_then(|a| a.on_misbehaved.as_ref());
+    let peer = match handshake(&mut tx, &mut rx, &config, &info, hook).await {
         Ok(p) => p,
         Err(e) => {
             tx.close().await;
@@ -319,53 +349,35 @@ async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Opti
                 break io_status("lost the", &shared.info, &e);
             }
         };
-        let decoded = match frame::decode(bytes, &limits) {
-            Ok(Frame::Batch(parts)) => parts
-                .into_iter()
-                .map(|p| frame::decode(p, &limits))
-                .collect::<Result<Vec<_>, _>>(),
-            other => other.map(|f| vec![f]),
+        // A peer that ignores the metadata limit it was told in HELLO is
+        // misbehaving too (§1.5): every violation closes the connection.
+        let handled = match frame::decode(bytes, &limits) {
+            Ok(Frame::Batch(parts)) => parts.into_iter().try_for_each(|p| {
+                let f = frame::decode(p, &limits)?;
+                shared.dispatch(f, acceptor.as_ref())
+            }),
+            Ok(f) => shared.dispatch(f, acceptor.as_ref()),
+            Err(e) => Err(e.into()),
         };
-        match decoded {
-            Ok(frames) => {
-                if let Err(e) = frames
-                    .into_iter()
-                    .try_for_each(|f| shared.dispatch(f, acceptor.as_ref()))
-                {
-                    tracing::warn!(peer = ?shared.info.peer, "closing connection: {e}");
-                    shared.send_ctrl(frame::encode_goaway(0, Code::Internal as u32, &e));
-                    break Status::internal(format!("peer violated the call protocol: {e}"));
-                }
-            }
-            Err(FrameError::MetadataTooLarge { got, limit }) => {
-                // Only this call is at fault; the frame boundary is intact (§1.5).
-                // A peer that ignores the limit it was told in HELLO (§1.5) is
-                // misbehaving: close the connection, saying why.
-                let msg =
-                    format!("peer sent metadata of {got} bytes, over the limit of {limit} bytes");
-                tracing::warn!(peer = ?shared.info.peer, "closing connection: {msg}");
-                shared.send_ctrl(frame::encode_goaway(
-                    0,
-                    Code::ResourceExhausted as u32,
-                    &msg,
-                ));
-                break Status::resource_exhausted(msg);
-            }
-            Err(e) => {
-                tracing::warn!(peer = ?shared.info.peer, "closing connection: malformed frame: {e}");
-                shared.send_ctrl(frame::encode_goaway(
-                    0,
-                    Code::Internal as u32,
-                    &e.to_string(),
-                ));
-                break Status::internal(format!("malformed frame from peer: {e}"));
-            }
+        if let Err(e) = handled {
+            break shared.misbehaved(e, acceptor.as_ref());
         }
     };
     shared.fail(status);
 }
 
 impl Shared {
+    /// The peer broke the protocol: say why in GOAWAY (§1.6), tell the
+    /// server's hook, and return the status the connection closes with.
+    fn misbehaved(&self, e: PeerMisbehaved, acceptor: Option<&Acceptor>) -> Status {
+        tracing::warn!(peer = ?self.info.peer, "closing connection: {e}");
+        self.send_ctrl(frame::encode_goaway(0, e.code() as u32, &e.to_string()));
+        if let Some(hook) = acceptor.and_then(|a| a.on_misbehaved.as_ref()) {
+            hook(&self.info, &e);
+        }
+        misbehaved_status(&e)
+    }
+
     /// Queues a control frame (not subject to the DATA budget).
     pub(crate) fn send_ctrl(&self, frame: Bytes) {
         let _ = self.out.send((frame, 0));
@@ -511,7 +523,8 @@ impl Shared {
             let n = window.reserve(data.len().min(self.max_data)).await?;
             let k = self.conn_window.reserve(n).await?;
             if k < n {
-                let _ = window.grant((n - k) as u32);
+                // `k < n <= max_data`, a frame's payload: fits in u32.
+                let _ = window.grant(id, u32::try_from(n - k).unwrap_or(u32::MAX));
             }
             let n = k;
             let chunk = data.split_to(n);
@@ -576,9 +589,13 @@ impl Shared {
     }
 
     /// Routes one decoded frame. An `Err` is a connection-level protocol violation.
-    fn dispatch(self: &Arc<Self>, f: Frame, acceptor: Option<&Acceptor>) -> Result<(), String> {
+    fn dispatch(
+        self: &Arc<Self>,
+        f: Frame,
+        acceptor: Option<&Acceptor>,
+    ) -> Result<(), PeerMisbehaved> {
         match f {
-            Frame::Hello(_) => return Err("second HELLO".into()),
+            Frame::Hello(_) => return Err(PeerMisbehaved::SecondHello),
             Frame::Open {
                 stream,
                 path,
@@ -587,17 +604,20 @@ impl Shared {
                 end_stream,
             } => {
                 let Some(acceptor) = acceptor else {
-                    return Err("OPEN sent to a client".into());
+                    return Err(PeerMisbehaved::OpenToClient);
                 };
                 let (tx, rx) = mpsc::unbounded_channel();
                 let window = Arc::new(SendWindow::new(self.peer.initial_window));
                 {
                     let mut s = lock(&self.state);
-                    if stream <= s.last_peer_stream || stream % 2 == 0 {
-                        return Err(format!(
-                            "OPEN with stream id {stream} not above {} (ids must increase)",
-                            s.last_peer_stream
-                        ));
+                    if stream % 2 == 0 {
+                        return Err(PeerMisbehaved::StreamIdEven { stream });
+                    }
+                    if stream <= s.last_peer_stream {
+                        return Err(PeerMisbehaved::StreamIdNotIncreasing {
+                            stream,
+                            last: s.last_peer_stream,
+                        });
                     }
                     s.last_peer_stream = stream;
                     if s.draining {
@@ -635,7 +655,7 @@ impl Shared {
                 if end_stream {
                     let _ = tx.send(Inbound::End);
                 }
-                let handle = acceptor(
+                let handle = (acceptor.accept)(
                     self.clone(),
                     OpenCall {
                         stream,
@@ -667,18 +687,17 @@ impl Shared {
                 let mut s = lock(&self.state);
                 s.conn_recv_window -= data.len() as i64;
                 if s.conn_recv_window < 0 {
-                    return Err(format!(
-                        "DATA exceeds the connection's flow-control window by {} bytes",
-                        -s.conn_recv_window
-                    ));
+                    return Err(PeerMisbehaved::ConnectionWindowExceeded {
+                        excess: s.conn_recv_window.unsigned_abs(),
+                    });
                 }
                 if let Some(e) = s.streams.get_mut(&stream) {
                     e.recv_window -= data.len() as i64;
                     if e.recv_window < 0 {
-                        return Err(format!(
-                            "DATA on stream {stream} exceeds the flow-control window by {} bytes",
-                            -e.recv_window
-                        ));
+                        return Err(PeerMisbehaved::StreamWindowExceeded {
+                            stream,
+                            excess: e.recv_window.unsigned_abs(),
+                        });
                     }
                     if !data.is_empty() {
                         let _ = e.inbound.send(Inbound::Data(data));
@@ -713,12 +732,12 @@ impl Shared {
                 stream: 0,
                 increment,
             } => {
-                self.conn_window.grant(increment)?;
+                self.conn_window.grant(0, increment)?;
             }
             Frame::WindowUpdate { stream, increment } => {
                 let s = lock(&self.state);
                 if let Some(e) = s.streams.get(&stream) {
-                    e.window.grant(increment)?;
+                    e.window.grant(stream, increment)?;
                 }
             }
             Frame::GoAway {
@@ -744,7 +763,10 @@ impl Shared {
                 }
                 self.changed.notify_waiters();
             }
-            Frame::Batch(_) => return Err("nested BATCH".into()),
+            // `decode` refuses a BATCH inside a BATCH; this is the same rule.
+            Frame::Batch(_) => {
+                return Err(PeerMisbehaved::Malformed(frame::FrameError::NestedBatch))
+            }
             Frame::Unknown(k) => tracing::trace!("ignoring unknown frame type {k:#x}"),
         }
         Ok(())

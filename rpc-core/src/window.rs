@@ -3,6 +3,7 @@
 //! A small value type in the style of h2's `FlowControl`: checked arithmetic,
 //! a protocol error on overflow, never a wrap.
 
+use crate::PeerMisbehaved;
 use std::sync::Mutex;
 use tokio::sync::Notify;
 use tonic::Status;
@@ -57,15 +58,17 @@ impl SendWindow {
         }
     }
 
-    /// Adds credit from a WINDOW_UPDATE. Errors if the window would exceed [`MAX_WINDOW`].
-    pub(crate) fn grant(&self, inc: u32) -> Result<(), String> {
+    /// Adds credit from a WINDOW_UPDATE on `stream` (0 = the connection).
+    /// Errors if the window would exceed [`MAX_WINDOW`].
+    pub(crate) fn grant(&self, stream: u32, inc: u32) -> Result<(), PeerMisbehaved> {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let next = s.avail + i64::from(inc);
         if next > MAX_WINDOW {
-            return Err(format!(
-                "window update of {inc} overflows the window ({} + {inc})",
-                s.avail
-            ));
+            return Err(PeerMisbehaved::WindowOverflow {
+                stream,
+                window: s.avail,
+                increment: inc,
+            });
         }
         s.avail = next;
         drop(s);
@@ -118,7 +121,7 @@ mod tests {
         let t = tokio::spawn(async move { w2.reserve(5).await });
         tokio::task::yield_now().await;
         assert!(!t.is_finished());
-        w.grant(3).unwrap();
+        w.grant(1, 3).unwrap();
         assert_eq!(t.await.unwrap().unwrap(), 3);
     }
 
@@ -131,6 +134,13 @@ mod tests {
         w.close(Status::cancelled("gone"));
         assert_eq!(t.await.unwrap().unwrap_err().code(), tonic::Code::Cancelled);
         let w = SendWindow::new(u32::MAX >> 1);
-        assert!(w.grant(10).is_err());
+        assert_eq!(
+            w.grant(7, 10),
+            Err(PeerMisbehaved::WindowOverflow {
+                stream: 7,
+                window: MAX_WINDOW,
+                increment: 10
+            })
+        );
     }
 }

@@ -1,9 +1,12 @@
 //! Client cancellation reaches the handler: dropping a unary future or a
-//! response stream cancels the server-side handler.
+//! response stream cancels the server-side handler, also while the request
+//! stream is still open (issue 10, item 6: on TCP, hyper resets an HTTP/2
+//! stream only once both halves are gone).
 use rpc_examples::pb::echo::{echo_client::EchoClient, EchoRequest};
 use rpc_tests::{eventually, Fixture};
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+use tokio_stream::wrappers::ReceiverStream;
 
 async fn cancel(fx: Fixture) {
     let mut echo = EchoClient::new(fx.channel.clone());
@@ -64,3 +67,60 @@ async fn cancel(fx: Fixture) {
 }
 
 rpc_tests::on_every_path!(cancel);
+
+/// A bidi call cancelled after the first response, its request stream still open.
+async fn bidi_cancel_with_request_open(fx: Fixture) {
+    let mut echo = EchoClient::new(fx.channel.clone());
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(EchoRequest {
+        message: "first".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut responses = echo
+        .bidirectional_streaming_echo(ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = responses
+        .message()
+        .await
+        .unwrap()
+        .expect("a first response");
+    assert_eq!(first.message, "first");
+    assert_eq!(fx.stats.started.load(Ordering::SeqCst), 1);
+
+    // Cancel: drop the response stream, keep the request stream (`tx`) open.
+    let t = Instant::now();
+    drop(responses);
+    assert!(
+        eventually(Duration::from_secs(5), || fx
+            .stats
+            .cancelled
+            .load(Ordering::SeqCst)
+            == 1)
+        .await,
+        "the handler is dropped although the request stream is open ({:?}; started {}, completed {}, cancelled {})",
+        fx.path,
+        fx.stats.started.load(Ordering::SeqCst),
+        fx.stats.completed.load(Ordering::SeqCst),
+        fx.stats.cancelled.load(Ordering::SeqCst),
+    );
+    println!(
+        "over {:?}: bidi handler dropped {:?} after the response stream was",
+        fx.path,
+        t.elapsed()
+    );
+    assert_eq!(fx.stats.completed.load(Ordering::SeqCst), 0);
+    // The cancelled call lets go of its request stream too.
+    assert!(
+        eventually(Duration::from_secs(5), || tx.is_closed()).await,
+        "the request stream is released"
+    );
+
+    // The connection is still fine.
+    echo.unary_echo(EchoRequest::default()).await.unwrap();
+}
+
+rpc_tests::on_every_path!(bidi_cancel_with_request_open);

@@ -2,15 +2,17 @@
 //! frame, over the in-memory connection and over a real RDMA connection to a
 //! server's rdma_cm listener (in the VM): each misbehaviour gets a clear error
 //! and the connection is closed, or the call rejected with the right status,
-//! while other connections to the same server keep working. Violations of the
+//! while other connections to the same server keep working. Each violation is
+//! checked by its [`PeerMisbehaved`] variant, as the server reports it to its
+//! `on_peer_misbehaved` hook. Violations of the
 //! RDMA wire protocol itself (credits, rendezvous notifications, rkeys) are in
 //! `rdma-transport/tests/hostile.rs`.
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use rpc_core::conn::{mem, Connection, FrameReceiver, FrameSender};
-use rpc_core::frame::{self, DecodeLimits, Frame, Hello};
+use rpc_core::frame::{self, DecodeLimits, Frame, FrameError, Hello};
 use rpc_core::rdma::{RdmaConnection, RdmaReceiver, RdmaSender};
-use rpc_core::{ConnInfo, Router, TransportKind};
+use rpc_core::{ConnInfo, PeerMisbehaved, Router, TransportKind};
 use rpc_examples::pb::echo::{echo_client::EchoClient, EchoRequest};
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,17 +48,22 @@ struct Harness {
     router: Router,
     memory: Option<rpc_core::MemoryServer>,
     net: Option<rpc_core::ServingHandle>,
+    /// What the server's `on_peer_misbehaved` hook reported, in order.
+    seen: Seen,
 }
+
+type Seen = Arc<std::sync::Mutex<Vec<PeerMisbehaved>>>;
 
 impl Harness {
     /// `None` (the test is skipped, with a printed reason) when `over` is
     /// RDMA and this host has no device, unless one is required.
-    async fn start(over: Over, router: Router) -> Option<Harness> {
+    async fn start(over: Over, router: Router, seen: Seen) -> Option<Harness> {
         match over {
             Over::Memory => Some(Harness {
                 memory: Some(router.clone().into_memory()),
                 router,
                 net: None,
+                seen,
             }),
             Over::Rdma => {
                 let Some(ip) = rpc_tests::rdma_ip() else {
@@ -84,6 +91,7 @@ impl Harness {
                     router,
                     memory: None,
                     net: Some(h),
+                    seen,
                 })
             }
         }
@@ -127,6 +135,21 @@ impl Harness {
             panic!("HELLO first")
         };
         RawPeer { link, server_hello }
+    }
+
+    /// The one violation the server reported (waits a little for the hook).
+    async fn violation(&self) -> PeerMisbehaved {
+        let seen = self.seen.clone();
+        rpc_tests::eventually(Duration::from_secs(5), || !seen.lock().unwrap().is_empty()).await;
+        let v = self.seen.lock().unwrap();
+        assert_eq!(v.len(), 1, "one violation reported: {v:?}");
+        v[0].clone()
+    }
+
+    /// No violation was reported.
+    fn no_violation(&self) {
+        let v = self.seen.lock().unwrap();
+        assert!(v.is_empty(), "no violation expected, got {v:?}");
     }
 
     /// A well-behaved client on another connection still gets answers.
@@ -212,6 +235,7 @@ macro_rules! over_memory_and_rdma {
 
 over_memory_and_rdma!(
     malformed_frame_closes_the_connection,
+    window_overflow_and_second_hello_close_the_connection,
     data_beyond_the_window_closes_the_connection,
     reused_or_decreasing_call_ids_close_the_connection,
     more_calls_than_allowed_are_rejected,
@@ -232,7 +256,7 @@ fn grpc_message(req: &EchoRequest) -> Bytes {
 fn open(stream: u32) -> Bytes {
     let mut md = http::HeaderMap::new();
     md.insert("content-type", "application/grpc".parse().unwrap());
-    frame::encode_open(stream, "/echo.Echo/UnaryEcho", None, &md, false)
+    frame::encode_open(stream, "/echo.Echo/UnaryEcho", None, &md, false, usize::MAX).unwrap()
 }
 
 fn goaway_code(frames: &[Frame]) -> Option<u32> {
@@ -242,8 +266,14 @@ fn goaway_code(frames: &[Frame]) -> Option<u32> {
     })
 }
 
-fn echo_router(limit: Option<usize>, stats: Arc<rpc_examples::echo::EchoStats>) -> Router {
-    let mut b = rpc_core::Server::builder();
+fn echo_router(
+    limit: Option<usize>,
+    stats: Arc<rpc_examples::echo::EchoStats>,
+    seen: &Seen,
+) -> Router {
+    let seen = seen.clone();
+    let mut b = rpc_core::Server::builder()
+        .on_peer_misbehaved(move |_, e| seen.lock().unwrap().push(e.clone()));
     if let Some(l) = limit {
         b = b.concurrency_limit_per_connection(l);
     }
@@ -253,7 +283,16 @@ fn echo_router(limit: Option<usize>, stats: Arc<rpc_examples::echo::EchoStats>) 
 }
 
 async fn setup(over: Over, limit: Option<usize>) -> Option<Harness> {
-    Harness::start(over, echo_router(limit, Arc::new(Default::default()))).await
+    setup_with_stats(over, limit, Arc::new(Default::default())).await
+}
+
+async fn setup_with_stats(
+    over: Over,
+    limit: Option<usize>,
+    stats: Arc<rpc_examples::echo::EchoStats>,
+) -> Option<Harness> {
+    let seen = Seen::default();
+    Harness::start(over, echo_router(limit, stats, &seen), seen).await
 }
 
 async fn malformed_frame_closes_the_connection(over: Over) {
@@ -269,6 +308,45 @@ async fn malformed_frame_closes_the_connection(over: Over) {
         Some(Code::Internal as u32),
         "{frames:?}"
     );
+    assert_eq!(
+        h.violation().await,
+        PeerMisbehaved::Malformed(FrameError::Truncated("frame header"))
+    );
+    h.others_still_work().await;
+}
+
+async fn window_overflow_and_second_hello_close_the_connection(over: Over) {
+    let Some(h) = setup(over, None).await else {
+        return;
+    };
+    // The connection's send window is what our HELLO granted (1 GiB): a
+    // WINDOW_UPDATE that takes it past 2^31 - 1 overflows it (§1.4).
+    let mut p = h.raw_peer().await;
+    p.send(frame::encode_window_update(0, i32::MAX as u32))
+        .await;
+    let (frames, closed) = p.frames_until_close(Duration::from_secs(5)).await;
+    assert!(closed, "connection closed");
+    assert_eq!(
+        goaway_code(&frames),
+        Some(Code::Internal as u32),
+        "{frames:?}"
+    );
+    assert_eq!(
+        h.violation().await,
+        PeerMisbehaved::WindowOverflow {
+            stream: 0,
+            window: 1 << 30,
+            increment: i32::MAX as u32
+        }
+    );
+    h.seen.lock().unwrap().clear();
+
+    // A second HELLO after the handshake (§1.1), on a connection of its own.
+    let mut p = h.raw_peer().await;
+    p.send(frame::encode_hello(&p.server_hello)).await;
+    let (_, closed) = p.frames_until_close(Duration::from_secs(5)).await;
+    assert!(closed, "connection closed");
+    assert_eq!(h.violation().await, PeerMisbehaved::SecondHello);
     h.others_still_work().await;
 }
 
@@ -295,6 +373,12 @@ async fn data_beyond_the_window_closes_the_connection(over: Over) {
         Some(Code::Internal as u32),
         "{frames:?}"
     );
+    match h.violation().await {
+        PeerMisbehaved::StreamWindowExceeded { stream: 1, excess } => {
+            assert!(excess > 0 && excess <= 1 << 20, "{excess}")
+        }
+        other => panic!("expected StreamWindowExceeded on stream 1, got {other:?}"),
+    }
     h.others_still_work().await;
 }
 
@@ -311,6 +395,10 @@ async fn reused_or_decreasing_call_ids_close_the_connection(over: Over) {
         goaway_code(&frames),
         Some(Code::Internal as u32),
         "{frames:?}"
+    );
+    assert_eq!(
+        h.violation().await,
+        PeerMisbehaved::StreamIdNotIncreasing { stream: 3, last: 5 }
     );
     h.others_still_work().await;
 }
@@ -341,6 +429,7 @@ async fn more_calls_than_allowed_are_rejected(over: Over) {
     let (code, message) = reset.expect("the third call is reset");
     assert_eq!(code, Code::ResourceExhausted as u32);
     assert!(message.contains("limit 2"), "{message}");
+    h.no_violation(); // a call refused, not a peer at fault
     h.others_still_work().await;
 }
 
@@ -352,20 +441,25 @@ async fn oversized_metadata_closes_the_connection(over: Over) {
     let limit = p.server_hello.max_metadata_bytes as usize;
     let mut md = http::HeaderMap::new();
     md.insert("x-big", "a".repeat(limit + 1).parse().unwrap());
-    p.send(frame::encode_open(
-        1,
-        "/echo.Echo/UnaryEcho",
-        None,
-        &md,
-        false,
-    ))
-    .await;
+    // Our encoder refuses it for this peer...
+    assert!(frame::encode_open(1, "/echo.Echo/UnaryEcho", None, &md, false, limit).is_err());
+    // ...so the hostile peer ignores the limit on purpose.
+    p.send(frame::encode_open(1, "/echo.Echo/UnaryEcho", None, &md, false, usize::MAX).unwrap())
+        .await;
     let (frames, closed) = p.frames_until_close(Duration::from_secs(5)).await;
     assert!(closed);
     assert_eq!(
         goaway_code(&frames),
         Some(Code::ResourceExhausted as u32),
         "{frames:?}"
+    );
+    // Counted up to the value that crossed the limit: "x-big" + the value.
+    assert_eq!(
+        h.violation().await,
+        PeerMisbehaved::MetadataTooLarge {
+            got: 5 + limit + 1,
+            limit
+        }
     );
     h.others_still_work().await;
 }
@@ -383,13 +477,17 @@ async fn a_peer_that_never_returns_credit_gets_no_more_than_its_window(over: Ove
     });
     let mut md = http::HeaderMap::new();
     md.insert("content-type", "application/grpc".parse().unwrap());
-    p.send(frame::encode_open(
-        1,
-        "/echo.Echo/ServerStreamingEcho",
-        None,
-        &md,
-        false,
-    ))
+    p.send(
+        frame::encode_open(
+            1,
+            "/echo.Echo/ServerStreamingEcho",
+            None,
+            &md,
+            false,
+            usize::MAX,
+        )
+        .unwrap(),
+    )
     .await;
     p.send(frame::encode_data(1, &req, true)).await;
     let (frames, closed) = p.frames_until_close(Duration::from_secs(2)).await;
@@ -406,12 +504,13 @@ async fn a_peer_that_never_returns_credit_gets_no_more_than_its_window(over: Ove
         .sum();
     assert!(data > 0, "some data flowed");
     assert!(data <= 1 << 20, "{data} bytes sent into a 1 MiB window");
+    h.no_violation();
     h.others_still_work().await;
 }
 
 async fn client_disconnect_cancels_its_handlers(over: Over) {
     let stats: Arc<rpc_examples::echo::EchoStats> = Arc::new(Default::default());
-    let Some(h) = Harness::start(over, echo_router(None, stats.clone())).await else {
+    let Some(h) = setup_with_stats(over, None, stats.clone()).await else {
         return;
     };
     let mut p = h.raw_peer().await;
@@ -479,4 +578,56 @@ async fn an_oversized_rdma_message_closes_the_connection() {
     })
     .await
     .expect("finished within 60 s");
+}
+
+/// The other direction: a server that breaks the protocol (it sends OPEN,
+/// which only clients may, §1.3). The client closes the connection and its
+/// call fails with `Internal` whose `source()` is the violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misbehaving_server_fails_the_calls_with_the_violation_as_source() {
+    let (a, b) = mem::pair();
+    let (mut tx, mut rx) = b.split();
+    let server = tokio::spawn(async move {
+        tx.send(frame::encode_hello(&Hello {
+            version: frame::PROTOCOL_VERSION,
+            features: 0,
+            max_concurrent_calls: 100,
+            initial_window: 1 << 20,
+            max_metadata_bytes: 16 << 10,
+            connection_window: 1 << 30,
+        }))
+        .await
+        .unwrap();
+        let _client_hello = rx.recv().await.unwrap().unwrap();
+        let _client_open = rx.recv().await.unwrap().unwrap();
+        tx.send(open(1)).await.unwrap();
+        // The client answers with GOAWAY and closes.
+        let mut frames = vec![];
+        while let Ok(Some(f)) = rx.recv().await {
+            frames.push(frame::decode(f, &LIM).unwrap());
+        }
+        frames
+    });
+    let ch = rpc_core::Channel::from_connection(a, TransportKind::Memory, Default::default())
+        .await
+        .unwrap();
+    let err = tokio::time::timeout(
+        Duration::from_secs(10),
+        EchoClient::new(ch).unary_echo(EchoRequest::default()),
+    )
+    .await
+    .expect("the call ends")
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Internal, "{err:?}");
+    let source = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<PeerMisbehaved>());
+    assert_eq!(source, Some(&PeerMisbehaved::OpenToClient), "{err:?}");
+    let frames = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the client closes the connection")
+        .unwrap();
+    assert_eq!(
+        goaway_code(&frames),
+        Some(Code::Internal as u32),
+        "{frames:?}"
+    );
 }

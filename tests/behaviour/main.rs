@@ -1,6 +1,7 @@
 //! Behaviour tests: each module is one behaviour, run over the in-memory,
 //! TCP and RDMA paths (see `rpc_tests::on_every_path!`).
 
+mod back_pressure;
 mod bidi;
 mod cancel;
 mod client_streaming;
@@ -10,6 +11,7 @@ mod hostile_peer;
 mod interceptors;
 mod large_messages;
 mod metadata;
+mod metadata_limit;
 mod server_reset;
 mod server_streaming;
 mod status;

@@ -32,7 +32,7 @@ struct Args {
 fn row(what: &str, calls: u32, elapsed: Duration, note: &str) {
     let per = elapsed / calls.max(1);
     println!(
-        "  {what:<28} {calls:>6} {:>10.2?} {per:>10.2?}  {note}",
+        "  {what:<42} {calls:>6} {:>10.2?} {per:>10.2?}  {note}",
         elapsed
     );
 }
@@ -69,8 +69,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("client: transport: {}", channel.transport());
 
     println!(
-        "\n  {:<28} {:>6} {:>10} {:>10}  note",
-        "call", "count", "total", "per call"
+        "\n  {:<42} {:>6} {:>10} {:>10}  note",
+        "call kind        method", "count", "total", "per call"
     );
     let t = Instant::now();
     let reply = GreeterClient::new(channel.clone())
@@ -79,7 +79,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?
         .into_inner();
-    row("Greeter/SayHello", 1, t.elapsed(), &reply.message);
+    row(
+        "unary            Greeter/SayHello",
+        1,
+        t.elapsed(),
+        &reply.message,
+    );
 
     let mut rg = RouteGuideClient::new(channel.clone());
     let features = rpc_examples::routeguide::service().features;
@@ -88,7 +93,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .get_feature(features[1].location.unwrap())
         .await?
         .into_inner();
-    row("RouteGuide/GetFeature", 1, t.elapsed(), &f.name);
+    row(
+        "unary            RouteGuide/GetFeature",
+        1,
+        t.elapsed(),
+        &f.name,
+    );
 
     let t = Instant::now();
     let rect = Rectangle {
@@ -107,7 +117,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         n += 1;
     }
     row(
-        "RouteGuide/ListFeatures",
+        "server streaming RouteGuide/ListFeatures",
         1,
         t.elapsed(),
         &format!("{n} features streamed"),
@@ -121,7 +131,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let summary = rg.record_route(tokio_stream::iter(pts)).await?.into_inner();
     row(
-        "RouteGuide/RecordRoute",
+        "client streaming RouteGuide/RecordRoute",
         1,
         t.elapsed(),
         &format!("{} points, {} m", summary.point_count, summary.distance),
@@ -143,7 +153,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         n += 1;
     }
     row(
-        "RouteGuide/RouteChat",
+        "bidi streaming   RouteGuide/RouteChat",
         1,
         t.elapsed(),
         &format!("{n} notes back"),
@@ -160,7 +170,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .await?;
     }
-    row("Echo/UnaryEcho 64 B", args.calls, t.elapsed(), "sequential");
+    row(
+        "unary            Echo/UnaryEcho 64 B",
+        args.calls,
+        t.elapsed(),
+        "sequential",
+    );
 
     let payload = vec![0xC3u8; 4 << 20];
     let t = Instant::now();
@@ -174,7 +189,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ok = r.payload == payload;
     let el = t.elapsed();
     row(
-        "Echo/UnaryEcho 4 MiB",
+        "unary            Echo/UnaryEcho 4 MiB",
         1,
         el,
         &format!(

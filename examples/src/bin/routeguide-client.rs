@@ -4,7 +4,7 @@ use rpc_core::{Channel, Transport};
 use rpc_examples::pb::routeguide::route_guide_client::RouteGuideClient;
 use rpc_examples::pb::routeguide::{Point, Rectangle, RouteNote};
 use std::error::Error;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::time;
 use tonic::Request;
 
@@ -19,7 +19,28 @@ struct Args {
     transport: Option<Transport>,
 }
 
-async fn print_features(client: &mut RouteGuideClient<Channel>) -> Result<(), Box<dyn Error>> {
+/// One summary line per call kind: what it did and how long it took.
+fn report(kind: &str, call: &str, started: Instant, what: String) {
+    println!("{kind:<18} {call:<13} {:>9.2?}  {what}", started.elapsed());
+}
+
+async fn get_feature(client: &mut RouteGuideClient<Channel>) -> Result<(), Box<dyn Error>> {
+    let t = Instant::now();
+    let at = Point {
+        latitude: 409_146_138,
+        longitude: -746_188_906,
+    };
+    let feature = client.get_feature(Request::new(at)).await?.into_inner();
+    let what = if feature.name.is_empty() {
+        format!("no feature at ({}, {})", at.latitude, at.longitude)
+    } else {
+        format!("found {:?}", feature.name)
+    };
+    report("unary", "GetFeature", t, what);
+    Ok(())
+}
+
+async fn list_features(client: &mut RouteGuideClient<Channel>) -> Result<(), Box<dyn Error>> {
     let rectangle = Rectangle {
         lo: Some(Point {
             latitude: 400_000_000,
@@ -30,49 +51,56 @@ async fn print_features(client: &mut RouteGuideClient<Channel>) -> Result<(), Bo
             longitude: -730_000_000,
         }),
     };
-
+    let t = Instant::now();
     let mut stream = client
         .list_features(Request::new(rectangle))
         .await?
         .into_inner();
-
     let mut n = 0;
+    let mut first = None;
     while let Some(feature) = stream.message().await? {
         n += 1;
-        if n <= 3 {
-            println!("FEATURE = {feature:?}");
-        }
+        first.get_or_insert(feature.name);
     }
-    println!("ListFeatures: {n} features");
-
+    report(
+        "server streaming",
+        "ListFeatures",
+        t,
+        format!(
+            "{n} features received (first: {:?})",
+            first.unwrap_or_default()
+        ),
+    );
     Ok(())
 }
 
-async fn run_record_route(client: &mut RouteGuideClient<Channel>) -> Result<(), Box<dyn Error>> {
+async fn record_route(client: &mut RouteGuideClient<Channel>) -> Result<(), Box<dyn Error>> {
     let point_count: usize = rand::random_range(2..100);
-
-    let mut points = vec![];
-    for _ in 0..=point_count {
-        points.push(random_point())
-    }
-
-    println!("Traversing {} points", points.len());
-    let request = Request::new(tokio_stream::iter(points));
-
-    match client.record_route(request).await {
-        Ok(response) => println!("SUMMARY: {:?}", response.into_inner()),
-        Err(e) => println!("something went wrong: {e:?}"),
-    }
-
+    let points: Vec<Point> = (0..=point_count).map(|_| random_point()).collect();
+    let sent = points.len();
+    let t = Instant::now();
+    let summary = client
+        .record_route(Request::new(tokio_stream::iter(points)))
+        .await?
+        .into_inner();
+    report(
+        "client streaming",
+        "RecordRoute",
+        t,
+        format!(
+            "{sent} points sent; server counted {} points, {} features, {} m",
+            summary.point_count, summary.feature_count, summary.distance
+        ),
+    );
     Ok(())
 }
 
-async fn run_route_chat(client: &mut RouteGuideClient<Channel>) -> Result<(), Box<dyn Error>> {
+async fn route_chat(client: &mut RouteGuideClient<Channel>) -> Result<(), Box<dyn Error>> {
     let start = time::Instant::now();
-
+    const NOTES: usize = 5;
     let outbound = async_stream(move |tx| async move {
         let mut interval = time::interval(Duration::from_millis(50));
-        for _ in 0..5 {
+        for _ in 0..NOTES {
             let time = interval.tick().await;
             let elapsed = time.duration_since(start);
             let note = RouteNote {
@@ -88,13 +116,19 @@ async fn run_route_chat(client: &mut RouteGuideClient<Channel>) -> Result<(), Bo
         }
     });
 
+    let t = Instant::now();
     let response = client.route_chat(Request::new(outbound)).await?;
     let mut inbound = response.into_inner();
-
-    while let Some(note) = inbound.message().await? {
-        println!("NOTE = {note:?}");
+    let mut n = 0;
+    while inbound.message().await?.is_some() {
+        n += 1;
     }
-
+    report(
+        "bidi streaming",
+        "RouteChat",
+        t,
+        format!("{NOTES} notes sent 50 ms apart, {n} notes received"),
+    );
     Ok(())
 }
 
@@ -129,23 +163,10 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let transport = channel.transport().clone();
     let mut client = RouteGuideClient::new(channel);
 
-    println!("*** SIMPLE RPC ***");
-    let response = client
-        .get_feature(Request::new(Point {
-            latitude: 409_146_138,
-            longitude: -746_188_906,
-        }))
-        .await?;
-    println!("RESPONSE = {:?}", response.into_inner());
-
-    println!("\n*** SERVER STREAMING ***");
-    print_features(&mut client).await?;
-
-    println!("\n*** CLIENT STREAMING ***");
-    run_record_route(&mut client).await?;
-
-    println!("\n*** BIDIRECTIONAL STREAMING ***");
-    run_route_chat(&mut client).await?;
+    get_feature(&mut client).await?;
+    list_features(&mut client).await?;
+    record_route(&mut client).await?;
+    route_chat(&mut client).await?;
 
     println!("transport: {transport}");
     Ok(())

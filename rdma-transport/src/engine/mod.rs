@@ -12,15 +12,22 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 
 use self::wire::{Header, Hello, Kind, FLAG_CLOSE_SEEN, FLAG_LAST, HDR_LEN};
+pub use crate::error::PeerMisbehaved;
 
 /// Access to the registered memory the engine reads and writes (copies only).
 pub trait Buffers {
-    /// Receive slot `i` (full slot).
+    /// Receive slot `i` (full slot). Only called between the slot's receive
+    /// completion and its repost, when nothing can write it (the pool is
+    /// not remotely writable, and the NIC is done with it).
     fn recv_slot(&self, i: u32) -> &[u8];
     /// Send slot `i` (full slot), written before a SEND is posted from it.
     fn send_slot(&mut self, i: u32) -> &mut [u8];
-    /// Our advertised rendezvous buffer `i` (the peer RDMA-writes into it).
-    fn rdv_buf(&self, i: u32) -> &[u8];
+    /// Appends the first `len` bytes of our advertised rendezvous buffer `i`
+    /// to `out` (`len` ≤ the buffer size). The peer may RDMA-WRITE into that
+    /// buffer at any time, even during the copy, so an implementation must
+    /// never form a `&[u8]` over it: it copies through raw pointers
+    /// (`docs/buffer-ownership.md`, "Note on a hostile peer").
+    fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut);
     /// Local staging buffer `i`, source of RDMA WRITEs.
     fn staging(&mut self, i: u32) -> &mut [u8];
 }
@@ -109,7 +116,7 @@ pub struct Completion {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineError {
     /// The peer violated the protocol.
-    Protocol(String),
+    Protocol(PeerMisbehaved),
     /// A work completion failed.
     Completion {
         /// Raw ibv_wc_status.
@@ -247,7 +254,11 @@ pub struct Engine {
 
 impl Engine {
     /// Creates the engine and queues the initial receive posts (§4.1).
-    pub fn new(cfg: EngineConfig) -> Engine {
+    /// Fails if the peer's hello is out of range (§2.2): every address and
+    /// length the engine later derives from it is then computed without
+    /// overflow.
+    pub fn new(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        cfg.peer.validate().map_err(EngineError::Protocol)?;
         let eager_max = cfg.eager_max();
         let chunk = cfg.chunk_bytes();
         let mut e = Engine {
@@ -288,7 +299,7 @@ impl Engine {
                 wr_id: recv_wr_id(slot, 0),
             });
         }
-        e
+        Ok(e)
     }
 
     /// Passive side (§2.3): send nothing until the first message from the
@@ -448,62 +459,71 @@ impl Engine {
             }
             Ok(())
         } else {
-            Err(EngineError::Protocol(format!(
-                "completion with unknown wr_id {:#x}",
-                c.wr_id
-            )))
+            Self::proto(PeerMisbehaved::UnknownWrId { wr_id: c.wr_id })
         }
     }
 
-    fn proto<T>(msg: String) -> Result<T, EngineError> {
-        Err(EngineError::Protocol(msg))
+    fn proto<T>(v: PeerMisbehaved) -> Result<T, EngineError> {
+        Err(EngineError::Protocol(v))
     }
 
     fn on_recv<B: Buffers + ?Sized>(&mut self, c: Completion, bufs: &B) -> Result<(), EngineError> {
         let slot = (c.wr_id & 0xffff_ffff) as u32;
         let gen = ((c.wr_id >> 32) & 0xff_ffff) as u32;
         if slot >= self.cfg.recv_slots || self.recv_gen[slot as usize] != gen {
-            return Self::proto(format!(
-                "stale or unknown receive completion {:#x}",
-                c.wr_id
-            ));
+            return Self::proto(PeerMisbehaved::StaleReceive { wr_id: c.wr_id });
         }
         let len = c.byte_len as usize;
         if len > self.cfg.recv_slot_bytes {
-            return Self::proto(format!("receive of {len} bytes exceeds slot"));
+            return Self::proto(PeerMisbehaved::ReceiveExceedsSlot {
+                len,
+                slot: self.cfg.recv_slot_bytes,
+            });
         }
         self.wait_first_recv = false;
         let data = &bufs.recv_slot(slot)[..len];
         let h = Header::decode(data).map_err(EngineError::Protocol)?;
-        // §4.2: credits returned by the peer.
-        let credits = self.credits + h.credit_return as u32;
-        if credits > self.cfg.peer.credits {
-            return Self::proto(format!("peer returned too many credits ({credits})"));
+        // §4.2: credits returned by the peer (u64: no overflow whatever it sends).
+        let credits = u64::from(self.credits) + u64::from(h.credit_return);
+        if credits > u64::from(self.cfg.peer.credits) {
+            return Self::proto(PeerMisbehaved::TooManyCredits {
+                credits,
+                granted: self.cfg.peer.credits,
+            });
         }
-        self.credits = credits;
-        // §5.3: rendezvous buffers returned by the peer (in order).
-        let avail = self.peer_rdv_avail + h.rdv_return as u32;
-        if avail > self.cfg.peer.rdv_count {
-            return Self::proto("peer returned too many rendezvous buffers".into());
+        self.credits = credits as u32; // <= peer.credits, a u32
+                                       // §5.3: rendezvous buffers returned by the peer (in order).
+        let avail = u64::from(self.peer_rdv_avail) + u64::from(h.rdv_return);
+        if avail > u64::from(self.cfg.peer.rdv_count) {
+            return Self::proto(PeerMisbehaved::TooManyRendezvousReturns {
+                available: avail,
+                advertised: self.cfg.peer.rdv_count,
+            });
         }
-        self.peer_rdv_avail = avail;
+        self.peer_rdv_avail = avail as u32; // <= peer.rdv_count
         if h.flags & FLAG_CLOSE_SEEN != 0 {
             if !self.close_sent {
-                return Self::proto("peer acknowledged a CLOSE we never sent".into());
+                return Self::proto(PeerMisbehaved::CloseSeenWithoutClose);
             }
             self.peer_saw_close = true;
         }
         if self.peer_closed && h.kind != Kind::Credit {
-            return Self::proto(format!("{:?} after CLOSE", h.kind));
+            return Self::proto(PeerMisbehaved::AfterClose {
+                kind: h.kind.name(),
+            });
         }
         match h.kind {
             Kind::Eager => {
                 // §4.1
                 if self.reasm.is_some() {
-                    return Self::proto("eager message inside a rendezvous message".into());
+                    return Self::proto(PeerMisbehaved::EagerInsideRendezvous);
                 }
+                // len >= HDR_LEN: Header::decode succeeded.
                 if h.len as usize != len - HDR_LEN {
-                    return Self::proto("eager length mismatch".into());
+                    return Self::proto(PeerMisbehaved::EagerLengthMismatch {
+                        header: h.len,
+                        carried: len - HDR_LEN,
+                    });
                 }
                 let msg = Bytes::copy_from_slice(&data[HDR_LEN..]);
                 self.counters.msgs_recv += 1;
@@ -518,7 +538,7 @@ impl Engine {
             Kind::Credit => {}
             Kind::Close => {
                 if self.reasm.is_some() {
-                    return Self::proto("CLOSE inside a rendezvous message".into());
+                    return Self::proto(PeerMisbehaved::CloseInsideRendezvous);
                 }
                 self.peer_closed = true;
                 // §6: confirm promptly so the peer may disconnect.
@@ -531,11 +551,10 @@ impl Engine {
         // not yet returned can exceed the ring only if the peer sent without
         // a credit (it cannot hold credits we have not returned yet).
         if self.owed_total >= self.cfg.recv_slots {
-            return Self::proto(format!(
-                "peer sent without credit: {} messages received beyond the {} receive credits granted",
-                self.owed_total + 1 - self.cfg.recv_slots,
-                self.cfg.recv_slots
-            ));
+            return Self::proto(PeerMisbehaved::SendWithoutCredit {
+                excess: self.owed_total + 1 - self.cfg.recv_slots,
+                granted: self.cfg.recv_slots,
+            });
         }
         // §4.3: repost immediately; the credit becomes returnable.
         let g = (gen + 1) & 0xff_ffff;
@@ -556,47 +575,79 @@ impl Engine {
         bufs: &B,
     ) -> Result<(), EngineError> {
         if len != HDR_LEN {
-            return Self::proto("chunk notification with payload".into());
+            return Self::proto(PeerMisbehaved::ChunkWithPayload { len });
         }
         let idx = h.rdv_index;
         if idx >= self.cfg.rdv_count {
-            return Self::proto(format!("chunk names unknown rendezvous buffer {idx}"));
+            return Self::proto(PeerMisbehaved::ChunkUnknownBuffer {
+                index: idx,
+                count: self.cfg.rdv_count,
+            });
         }
         if self.rdv_peer_held == 0 || idx != self.rdv_expected {
-            return Self::proto(format!(
-                "chunk uses rendezvous buffer {idx} not granted to the peer"
-            ));
+            return Self::proto(PeerMisbehaved::ChunkBufferNotGranted {
+                index: idx,
+                expected: self.rdv_expected,
+                held: self.rdv_peer_held,
+            });
         }
-        let expect_addr = self.cfg.rdv_addr + idx as u64 * self.cfg.rdv_bytes as u64;
+        // Our own region (idx < rdv_count, checked): registered memory, so
+        // the end address exists and nothing here can overflow.
+        let expect_addr = self.cfg.rdv_addr + u64::from(idx) * self.cfg.rdv_bytes as u64;
         if h.addr != expect_addr {
-            return Self::proto(format!("chunk address {:#x} is not buffer {idx}", h.addr));
+            return Self::proto(PeerMisbehaved::ChunkWrongAddress {
+                index: idx,
+                addr: h.addr,
+                expected: expect_addr,
+            });
         }
         let clen = h.len as usize;
         if clen == 0 || clen > self.cfg.rdv_bytes {
-            return Self::proto(format!("chunk length {clen} out of bounds"));
+            return Self::proto(PeerMisbehaved::ChunkLength {
+                len: h.len,
+                max: self.cfg.rdv_bytes,
+            });
         }
         let total = h.total_len;
         if total > self.cfg.max_message as u64 {
-            return Self::proto(format!("message of {total} bytes exceeds max_message"));
+            return Self::proto(PeerMisbehaved::MessageTooLarge {
+                total,
+                max: self.cfg.max_message,
+            });
         }
-        let total = total as usize;
-        // Memory follows the data that actually arrived: a notification
-        // claiming a huge total reserves at most REASSEMBLY_RESERVE up front,
-        // and the buffer grows as chunks land (large reallocations are
-        // mremap'ed, not copied).
+        let total = total as usize; // <= max_message, a usize
+                                    // Memory follows the data that actually arrived: a notification
+                                    // claiming a huge total reserves at most REASSEMBLY_RESERVE up front,
+                                    // and the buffer grows as chunks land (large reallocations are
+                                    // mremap'ed, not copied).
         let r = self.reasm.get_or_insert_with(|| Reassembly {
             buf: BytesMut::with_capacity(total.min(REASSEMBLY_RESERVE)),
             total,
         });
         if r.total != total {
-            return Self::proto("total length changed between chunks".into());
+            return Self::proto(PeerMisbehaved::ChunkTotalChanged {
+                was: r.total as u64,
+                now: total as u64,
+            });
         }
+        // Both terms are bounded (received bytes <= total <= max_message,
+        // clen <= rdv_bytes), so the sum cannot overflow.
         let end = r.buf.len() + clen;
         let last = h.flags & FLAG_LAST != 0;
-        if end > total || last != (end == total) {
-            return Self::proto("chunk overruns message or LAST flag wrong".into());
+        if end > total {
+            return Self::proto(PeerMisbehaved::ChunkOverrun {
+                end: end as u64,
+                total: total as u64,
+            });
         }
-        r.buf.extend_from_slice(&bufs.rdv_buf(idx)[..clen]);
+        if last != (end == total) {
+            return Self::proto(PeerMisbehaved::LastFlagWrong {
+                last,
+                end: end as u64,
+                total: total as u64,
+            });
+        }
+        bufs.append_rdv(idx, clen, &mut r.buf);
         self.rdv_peer_held -= 1;
         self.rdv_expected = (idx + 1) % self.cfg.rdv_count;
         // Copied out: the buffer is ours again and can be re-advertised.
@@ -732,8 +783,10 @@ impl Engine {
                     let idx = self.peer_rdv_next;
                     self.peer_rdv_next = (idx + 1) % self.cfg.peer.rdv_count;
                     self.peer_rdv_avail -= 1;
-                    let remote_addr =
-                        self.cfg.peer.rdv_addr + idx as u64 * self.cfg.peer.rdv_bytes as u64;
+                    // idx < peer.rdv_count and the peer's region was checked
+                    // not to wrap (Hello::validate in new), so no overflow.
+                    let remote_addr = self.cfg.peer.rdv_addr
+                        + u64::from(idx) * u64::from(self.cfg.peer.rdv_bytes);
                     let (wr_id, signaled) = self.push_record(Some(Held::Staging(st)), false);
                     self.actions.push(Action::PostWrite {
                         staging: st,

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 
 use super::wire::{Header, Hello, Kind, FLAG_LAST, HDR_LEN, VERSION};
@@ -28,8 +28,10 @@ impl Buffers for Mem {
     fn send_slot(&mut self, i: u32) -> &mut [u8] {
         &mut self.send[i as usize * self.slot..(i as usize + 1) * self.slot]
     }
-    fn rdv_buf(&self, i: u32) -> &[u8] {
-        &self.rdv[i as usize * self.rdv_bytes..(i as usize + 1) * self.rdv_bytes]
+    fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut) {
+        assert!(len <= self.rdv_bytes);
+        let off = i as usize * self.rdv_bytes;
+        out.extend_from_slice(&self.rdv[off..off + len]);
     }
     fn staging(&mut self, i: u32) -> &mut [u8] {
         &mut self.staging[i as usize * self.staging_bytes..(i as usize + 1) * self.staging_bytes]
@@ -100,6 +102,7 @@ impl P {
             max_inline: self.inline,
             peer: peer.hello(),
         })
+        .expect("valid peer hello")
     }
 }
 
@@ -558,20 +561,25 @@ fn chunk(idx: u32, len: u32, total: u64, last: bool) -> Header {
     h
 }
 
-fn is_proto(r: Result<(), EngineError>) -> bool {
-    matches!(r, Err(EngineError::Protocol(_)))
+/// The exact violation an engine reported.
+fn violation(r: Result<(), EngineError>) -> PeerMisbehaved {
+    match r {
+        Err(EngineError::Protocol(v)) => v,
+        other => panic!("expected a protocol violation, got {other:?}"),
+    }
 }
 
 #[test]
 fn malformed_notifications_rejected() {
+    use PeerMisbehaved as V;
     let (mut e, mut m, _) = receiver();
-    assert!(
-        is_proto(inject(&mut e, &mut m, 0, 0, chunk(3, 10, 10, true), &[])),
-        "unknown buffer"
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, chunk(3, 10, 10, true), &[])),
+        V::ChunkUnknownBuffer { index: 3, count: 3 }
     );
     let (mut e, mut m, _) = receiver();
-    assert!(
-        is_proto(inject(
+    assert_eq!(
+        violation(inject(
             &mut e,
             &mut m,
             0,
@@ -579,46 +587,94 @@ fn malformed_notifications_rejected() {
             chunk(0, 4097, 5000, false),
             &[]
         )),
-        "oob len"
+        V::ChunkLength {
+            len: 4097,
+            max: 4096
+        }
     );
     let (mut e, mut m, _) = receiver();
     let mut h = chunk(0, 10, 10, true);
     h.addr += 1;
-    assert!(is_proto(inject(&mut e, &mut m, 0, 0, h, &[])), "wrong addr");
-    let (mut e, mut m, _) = receiver();
-    assert!(
-        is_proto(inject(&mut e, &mut m, 0, 0, chunk(1, 10, 10, true), &[])),
-        "out of order"
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, h, &[])),
+        V::ChunkWrongAddress {
+            index: 0,
+            addr: RDV_BASE + 1,
+            expected: RDV_BASE
+        }
     );
     let (mut e, mut m, _) = receiver();
-    assert!(
-        is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 10, 20, true), &[])),
-        "bad LAST"
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, chunk(1, 10, 10, true), &[])),
+        V::ChunkBufferNotGranted {
+            index: 1,
+            expected: 0,
+            held: 3
+        }
     );
     let (mut e, mut m, _) = receiver();
-    assert!(
-        is_proto(inject(&mut e, &mut m, 0, 0, chunk(0, 0, 0, true), &[])),
-        "empty chunk"
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, chunk(0, 10, 20, true), &[])),
+        V::LastFlagWrong {
+            last: true,
+            end: 10,
+            total: 20
+        }
     );
     let (mut e, mut m, _) = receiver();
-    assert!(is_proto(inject(
-        &mut e,
-        &mut m,
-        0,
-        0,
-        chunk(0, 10, (1 << 30) + 1, false),
-        &[]
-    )));
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, chunk(0, 10, 5, false), &[])),
+        V::ChunkOverrun { end: 10, total: 5 }
+    );
+    let (mut e, mut m, _) = receiver();
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, chunk(0, 0, 0, true), &[])),
+        V::ChunkLength { len: 0, max: 4096 }
+    );
+    let (mut e, mut m, _) = receiver();
+    assert_eq!(
+        violation(inject(
+            &mut e,
+            &mut m,
+            0,
+            0,
+            chunk(0, 10, (1 << 30) + 1, false),
+            &[]
+        )),
+        V::MessageTooLarge {
+            total: (1 << 30) + 1,
+            max: 1 << 30
+        }
+    );
+    let (mut e, mut m, _) = receiver();
+    inject(&mut e, &mut m, 0, 0, chunk(0, 4096, 3 * 4096, false), &[]).unwrap();
+    assert_eq!(
+        violation(inject(
+            &mut e,
+            &mut m,
+            1,
+            0,
+            chunk(1, 4096, 2 * 4096, true),
+            &[]
+        )),
+        V::ChunkTotalChanged {
+            was: 3 * 4096,
+            now: 2 * 4096
+        }
+    );
+    let (mut e, mut m, _) = receiver();
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, chunk(0, 10, 10, true), &[7])),
+        V::ChunkWithPayload { len: HDR_LEN + 1 }
+    );
     // stale generation
     let (mut e, mut m, _) = receiver();
-    assert!(is_proto(inject(
-        &mut e,
-        &mut m,
-        0,
-        5,
-        Header::new(Kind::Credit),
-        &[]
-    )));
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 5, Header::new(Kind::Credit), &[])),
+        V::StaleReceive {
+            wr_id: recv_wr_id(0, 5)
+        }
+    );
     // unknown kind / short message
     let (mut e, mut m, _) = receiver();
     m.recv[0] = 99;
@@ -631,7 +687,7 @@ fn malformed_notifications_rejected() {
         },
         &m,
     );
-    assert!(is_proto(r));
+    assert_eq!(violation(r), V::UnknownKind { kind: 99 });
     let (mut e, m, _) = receiver();
     let r = e.on_completion(
         Completion {
@@ -642,17 +698,110 @@ fn malformed_notifications_rejected() {
         },
         &m,
     );
-    assert!(is_proto(r));
-    // too many credits returned
+    assert_eq!(violation(r), V::ShortMessage { len: 3 });
+    let (mut e, m, _) = receiver();
+    let r = e.on_completion(
+        Completion {
+            wr_id: recv_wr_id(0, 0),
+            ok: true,
+            status: 0,
+            byte_len: 257,
+        },
+        &m,
+    );
+    assert_eq!(
+        violation(r),
+        V::ReceiveExceedsSlot {
+            len: 257,
+            slot: 256
+        }
+    );
+    // too many credits / rendezvous buffers returned
     let (mut e, mut m, _) = receiver();
     let mut h = Header::new(Kind::Credit);
     h.credit_return = 1;
-    assert!(is_proto(inject(&mut e, &mut m, 0, 0, h, &[])));
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, h, &[])),
+        V::TooManyCredits {
+            credits: 9,
+            granted: 8
+        }
+    );
+    let (mut e, mut m, _) = receiver();
+    let mut h = Header::new(Kind::Credit);
+    h.credit_return = u16::MAX;
+    h.rdv_return = u16::MAX;
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, h, &[])),
+        V::TooManyCredits {
+            credits: 8 + 65535,
+            granted: 8
+        }
+    );
+    let (mut e, mut m, _) = receiver();
+    let mut h = Header::new(Kind::Credit);
+    h.rdv_return = 1;
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, h, &[])),
+        V::TooManyRendezvousReturns {
+            available: 4,
+            advertised: 3
+        }
+    );
+    // CLOSE_SEEN for a CLOSE never sent
+    let (mut e, mut m, _) = receiver();
+    let mut h = Header::new(Kind::Credit);
+    h.flags = FLAG_CLOSE_SEEN;
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, h, &[])),
+        V::CloseSeenWithoutClose
+    );
     // eager length lie
     let (mut e, mut m, _) = receiver();
     let mut h = Header::new(Kind::Eager);
     h.len = 100;
-    assert!(is_proto(inject(&mut e, &mut m, 0, 0, h, &[1, 2, 3])));
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 0, 0, h, &[1, 2, 3])),
+        V::EagerLengthMismatch {
+            header: 100,
+            carried: 3
+        }
+    );
+    // data after CLOSE; eager and CLOSE inside a rendezvous message
+    let (mut e, mut m, _) = receiver();
+    inject(&mut e, &mut m, 0, 0, Header::new(Kind::Close), &[]).unwrap();
+    let mut h = Header::new(Kind::Eager);
+    h.len = 1;
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 1, 0, h, &[1])),
+        V::AfterClose { kind: "EAGER" }
+    );
+    let (mut e, mut m, _) = receiver();
+    inject(&mut e, &mut m, 0, 0, chunk(0, 4096, 3 * 4096, false), &[]).unwrap();
+    let mut h = Header::new(Kind::Eager);
+    h.len = 1;
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 1, 0, h, &[1])),
+        V::EagerInsideRendezvous
+    );
+    let (mut e, mut m, _) = receiver();
+    inject(&mut e, &mut m, 0, 0, chunk(0, 4096, 3 * 4096, false), &[]).unwrap();
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 1, 0, Header::new(Kind::Close), &[])),
+        V::CloseInsideRendezvous
+    );
+    // a completion with no known wr_id kind
+    let (mut e, m, _) = receiver();
+    let r = e.on_completion(
+        Completion {
+            wr_id: 7 << 56,
+            ok: true,
+            status: 0,
+            byte_len: 0,
+        },
+        &m,
+    );
+    assert_eq!(violation(r), V::UnknownWrId { wr_id: 7 << 56 });
 }
 
 #[test]
@@ -664,14 +813,21 @@ fn reused_rendezvous_buffer_rejected() {
     for i in 0..3u32 {
         inject(&mut e, &mut m, i, 0, chunk(i, 4096, total, false), &[]).unwrap();
     }
-    assert!(is_proto(inject(
-        &mut e,
-        &mut m,
-        3,
-        0,
-        chunk(0, 4096, total, true),
-        &[]
-    )));
+    assert_eq!(
+        violation(inject(
+            &mut e,
+            &mut m,
+            3,
+            0,
+            chunk(0, 4096, total, true),
+            &[]
+        )),
+        PeerMisbehaved::ChunkBufferNotGranted {
+            index: 0,
+            expected: 0,
+            held: 0
+        }
+    );
     // After the return went out (progress sends a credit message), reuse is fine.
     let (mut e, mut m, _) = receiver();
     for i in 0..3u32 {
@@ -696,9 +852,12 @@ fn send_without_credit_rejected() {
         inject(&mut e, &mut m, i, 0, Header::new(Kind::Credit), &[]).unwrap();
     }
     let r = inject(&mut e, &mut m, 0, 1, Header::new(Kind::Credit), &[]);
-    assert!(
-        matches!(&r, Err(EngineError::Protocol(m)) if m.contains("without credit")),
-        "{r:?}"
+    assert_eq!(
+        violation(r),
+        PeerMisbehaved::SendWithoutCredit {
+            excess: 1,
+            granted: p.slots
+        }
     );
     // Once the returns went out (a CREDIT message), the peer may send again.
     let (mut e, mut m, p) = receiver();
@@ -756,7 +915,13 @@ fn held_returns_stop_the_peer_until_released() {
     assert_eq!((h.credit_return, h.rdv_return), (0, 0));
     // The peer is out of credits: one more SEND would be a violation.
     let r = inject(&mut e, &mut m, 0, 1, Header::new(Kind::Credit), &[]);
-    assert!(is_proto(r));
+    assert_eq!(
+        violation(r),
+        PeerMisbehaved::SendWithoutCredit {
+            excess: 1,
+            granted: p.slots
+        }
+    );
     // Released: a CREDIT message returns all 8.
     let (mut e, mut m, p) = receiver();
     e.set_hold_returns(true);
@@ -804,6 +969,28 @@ fn keepalive_is_a_zero_length_write_that_uses_no_credit() {
     assert_eq!(e.credits(), credits, "a keepalive uses no credit");
     e.progress(&mut m);
     assert!(e.take_actions().is_empty(), "one keepalive per request");
+}
+
+#[test]
+fn an_engine_refuses_a_peer_region_that_wraps_the_address_space() {
+    // Item 4 of issue 10: with rdv_addr near 2^64 the address of the peer's
+    // buffer i (rdv_addr + i * rdv_bytes) overflowed when the engine sent a
+    // rendezvous chunk. The engine now validates the whole peer hello.
+    let p = P::small();
+    let mut peer = p.hello();
+    peer.rdv_addr = u64::MAX - 4096;
+    let cfg = EngineConfig {
+        peer,
+        ..p.engine(&p).config().clone()
+    };
+    assert_eq!(
+        Engine::new(cfg).err(),
+        Some(EngineError::Protocol(PeerMisbehaved::HelloRegionOverflow {
+            addr: u64::MAX - 4096,
+            count: p.rdv_count,
+            bytes: p.rdv_bytes as u32
+        }))
+    );
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //!
 //! Everything is little-endian. See `docs/wire-protocol-rdma.md`.
 
+use crate::error::PeerMisbehaved;
+
 /// Magic number at the start of the connect private data ("RGRP").
 pub const MAGIC: u32 = 0x5247_5250;
 /// Protocol version (§2.1).
@@ -34,6 +36,16 @@ impl Kind {
             4 => Kind::Close,
             _ => return None,
         })
+    }
+
+    /// The kind's name in §3.2.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Eager => "EAGER",
+            Kind::Chunk => "CHUNK",
+            Kind::Credit => "CREDIT",
+            Kind::Close => "CLOSE",
+        }
     }
 }
 
@@ -83,14 +95,17 @@ impl Hello {
     }
 
     /// Decodes and validates (§2.2). Trailing bytes (CM padding) are ignored.
-    pub fn decode(b: &[u8]) -> Result<Hello, String> {
+    pub fn decode(b: &[u8]) -> Result<Hello, PeerMisbehaved> {
         if b.len() < HELLO_LEN {
-            return Err(format!("private data too short: {} bytes", b.len()));
+            return Err(PeerMisbehaved::HelloTooShort {
+                len: b.len(),
+                need: HELLO_LEN,
+            });
         }
-        let u32at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
-        let u64at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let u32at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64at = |o: usize| u64::from(u32at(o)) | (u64::from(u32at(o + 4)) << 32);
         if u32at(0) != MAGIC {
-            return Err("bad magic in private data".into());
+            return Err(PeerMisbehaved::HelloBadMagic { magic: u32at(0) });
         }
         let h = Hello {
             version: u16::from_le_bytes([b[4], b[5]]),
@@ -103,21 +118,73 @@ impl Hello {
             rdv_rkey: u32at(32),
             max_message: u64at(36),
         };
-        if h.version != VERSION {
-            return Err(format!("unsupported protocol version {}", h.version));
-        }
-        if h.credits < 4 || h.credits > 4096 {
-            return Err(format!("bad credit count {}", h.credits));
-        }
-        if (h.recv_slot_bytes as usize) < HDR_LEN + 16 {
-            return Err(format!("receive slot too small: {}", h.recv_slot_bytes));
-        }
-        if h.rdv_count == 0 || h.rdv_count > 4096 || h.rdv_bytes < 4096 {
-            return Err("bad rendezvous region".into());
-        }
+        h.validate()?;
         Ok(h)
     }
+
+    /// Checks every field against its range in §2.1 and that the advertised
+    /// rendezvous region `[rdv_addr, rdv_addr + rdv_count * rdv_bytes)` does
+    /// not wrap around the address space, so that no address computed from
+    /// it can overflow (§2.2). [`Hello::decode`] calls it; so does
+    /// `Engine::new` for the peer's hello.
+    pub fn validate(&self) -> Result<(), PeerMisbehaved> {
+        if self.version != VERSION {
+            return Err(PeerMisbehaved::HelloVersion {
+                version: self.version,
+                ours: VERSION,
+            });
+        }
+        let range = |field: &'static str, value: u64, min: u64, max: u64| {
+            if (min..=max).contains(&value) {
+                Ok(())
+            } else {
+                Err(PeerMisbehaved::HelloFieldRange {
+                    field,
+                    value,
+                    min,
+                    max,
+                })
+            }
+        };
+        range("flags", self.flags.into(), 0, 0)?;
+        range("credits", self.credits.into(), 4, MAX_CREDITS.into())?;
+        range(
+            "recv_slot_bytes",
+            self.recv_slot_bytes.into(),
+            (HDR_LEN + 16) as u64,
+            MAX_SLOT_BYTES.into(),
+        )?;
+        range("rdv_count", self.rdv_count.into(), 1, MAX_RDV_COUNT.into())?;
+        range(
+            "rdv_bytes",
+            self.rdv_bytes.into(),
+            MIN_RDV_BYTES.into(),
+            MAX_RDV_BYTES.into(),
+        )?;
+        // count <= 2^12 and bytes <= 2^30: the product fits easily in u64;
+        // the sum with the peer's address may not.
+        let len = u64::from(self.rdv_count) * u64::from(self.rdv_bytes);
+        if self.rdv_addr.checked_add(len).is_none() {
+            return Err(PeerMisbehaved::HelloRegionOverflow {
+                addr: self.rdv_addr,
+                count: self.rdv_count,
+                bytes: self.rdv_bytes,
+            });
+        }
+        Ok(())
+    }
 }
+
+/// Largest `credits` in a hello (§2.1).
+pub const MAX_CREDITS: u32 = 4096;
+/// Largest `recv_slot_bytes` in a hello (§2.1): 16 MiB.
+pub const MAX_SLOT_BYTES: u32 = 1 << 24;
+/// Largest `rdv_count` in a hello (§2.1).
+pub const MAX_RDV_COUNT: u32 = 4096;
+/// Smallest `rdv_bytes` in a hello (§2.1).
+pub const MIN_RDV_BYTES: u32 = 4096;
+/// Largest `rdv_bytes` in a hello (§2.1): 1 GiB.
+pub const MAX_RDV_BYTES: u32 = 1 << 30;
 
 /// The header at the start of every SEND (§3.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,11 +236,11 @@ impl Header {
     }
 
     /// Decodes (§3.1); unknown kinds are a protocol error.
-    pub fn decode(b: &[u8]) -> Result<Header, String> {
+    pub fn decode(b: &[u8]) -> Result<Header, PeerMisbehaved> {
         if b.len() < HDR_LEN {
-            return Err(format!("message shorter than header: {} bytes", b.len()));
+            return Err(PeerMisbehaved::ShortMessage { len: b.len() });
         }
-        let kind = Kind::from_u8(b[0]).ok_or_else(|| format!("unknown message kind {}", b[0]))?;
+        let kind = Kind::from_u8(b[0]).ok_or(PeerMisbehaved::UnknownKind { kind: b[0] })?;
         Ok(Header {
             kind,
             flags: b[1],
@@ -212,6 +279,102 @@ mod tests {
         assert!(Hello::decode(&padded).is_err());
     }
 
+    fn good() -> Hello {
+        Hello {
+            version: VERSION,
+            flags: 0,
+            credits: 64,
+            recv_slot_bytes: 8192,
+            rdv_count: 8,
+            rdv_bytes: 1 << 18,
+            rdv_addr: 0x7f00_0000_0000,
+            rdv_rkey: 5,
+            max_message: 1 << 30,
+        }
+    }
+
+    #[test]
+    fn a_rendezvous_region_that_wraps_the_address_space_is_refused() {
+        // §2.2: rdv_addr + rdv_count * rdv_bytes must not overflow; before,
+        // such a hello decoded and the engine's address arithmetic
+        // overflowed (a panic in debug builds, a wrapped WRITE address in
+        // release).
+        let mut h = good();
+        h.rdv_addr = u64::MAX - 8 * (1 << 18) + 1;
+        assert_eq!(
+            Hello::decode(&h.encode()),
+            Err(PeerMisbehaved::HelloRegionOverflow {
+                addr: h.rdv_addr,
+                count: 8,
+                bytes: 1 << 18
+            })
+        );
+        // The last address that still fits is fine.
+        h.rdv_addr = u64::MAX - 8 * (1 << 18);
+        assert_eq!(Hello::decode(&h.encode()), Ok(h));
+    }
+
+    #[test]
+    fn every_hello_field_is_range_checked() {
+        let range = |field, value, min, max| PeerMisbehaved::HelloFieldRange {
+            field,
+            value,
+            min,
+            max,
+        };
+        type Case = (fn(&mut Hello), PeerMisbehaved);
+        let cases: [Case; 9] = [
+            (|h| h.flags = 1, range("flags", 1, 0, 0)),
+            (|h| h.credits = 3, range("credits", 3, 4, 4096)),
+            (|h| h.credits = 4097, range("credits", 4097, 4, 4096)),
+            (
+                |h| h.recv_slot_bytes = 47,
+                range("recv_slot_bytes", 47, 48, 1 << 24),
+            ),
+            (
+                |h| h.recv_slot_bytes = (1 << 24) + 1,
+                range("recv_slot_bytes", (1 << 24) + 1, 48, 1 << 24),
+            ),
+            (|h| h.rdv_count = 0, range("rdv_count", 0, 1, 4096)),
+            (|h| h.rdv_count = 4097, range("rdv_count", 4097, 1, 4096)),
+            (
+                |h| h.rdv_bytes = 4095,
+                range("rdv_bytes", 4095, 4096, 1 << 30),
+            ),
+            (
+                |h| h.rdv_bytes = u32::MAX,
+                range("rdv_bytes", u32::MAX.into(), 4096, 1 << 30),
+            ),
+        ];
+        for (edit, want) in cases {
+            let mut h = good();
+            edit(&mut h);
+            assert_eq!(Hello::decode(&h.encode()), Err(want));
+        }
+        let mut h = good();
+        h.version = 2;
+        assert_eq!(
+            Hello::decode(&h.encode()),
+            Err(PeerMisbehaved::HelloVersion {
+                version: 2,
+                ours: VERSION
+            })
+        );
+        let mut b = good().encode();
+        b[0] = 0;
+        assert!(matches!(
+            Hello::decode(&b),
+            Err(PeerMisbehaved::HelloBadMagic { .. })
+        ));
+        assert_eq!(
+            Hello::decode(&b[..20]),
+            Err(PeerMisbehaved::HelloTooShort {
+                len: 20,
+                need: HELLO_LEN
+            })
+        );
+    }
+
     #[test]
     fn header_roundtrip() {
         let mut h = Header::new(Kind::Chunk);
@@ -226,7 +389,13 @@ mod tests {
         h.encode(&mut b);
         assert_eq!(Header::decode(&b).unwrap(), h);
         b[0] = 9;
-        assert!(Header::decode(&b).is_err());
-        assert!(Header::decode(&b[..10]).is_err());
+        assert_eq!(
+            Header::decode(&b),
+            Err(PeerMisbehaved::UnknownKind { kind: 9 })
+        );
+        assert_eq!(
+            Header::decode(&b[..10]),
+            Err(PeerMisbehaved::ShortMessage { len: 10 })
+        );
     }
 }

@@ -14,7 +14,7 @@ use super::dl::{
     rdma_get_cm_event, rdma_listen, rdma_migrate_id, rdma_reject, rdma_resolve_addr,
     rdma_resolve_route,
 };
-use super::{errno, set_nonblocking, verb_err};
+use super::{errno, set_nonblocking, verb_err, warn_destroy};
 use crate::error::Error;
 
 /// An rdma_cm event channel (fd made non-blocking for tokio's AsyncFd).
@@ -114,7 +114,8 @@ impl EventChannel {
         };
         // SAFETY: ev came from rdma_get_cm_event and is acked exactly once;
         // everything needed was copied out above.
-        unsafe { rdma_ack_cm_event(ev) };
+        let r = unsafe { rdma_ack_cm_event(ev) };
+        warn_destroy("rdma_ack_cm_event", r);
         Ok(Some(CmEvent {
             kind,
             status,
@@ -258,13 +259,25 @@ impl CmId {
         cm_call(r, "rdma_listen")
     }
 
-    pub(crate) fn resolve_addr(&self, dst: SocketAddr, timeout_ms: i32) -> Result<(), Error> {
+    /// Starts address resolution to `dst`, from the local address `src`
+    /// when given (else the one routing picks).
+    pub(crate) fn resolve_addr(
+        &self,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout_ms: i32,
+    ) -> Result<(), Error> {
         let (mut ss, _) = to_sockaddr(dst);
-        // SAFETY: live id; ss valid for the call (librdmacm copies it).
+        let mut src_ss = src.map(|a| to_sockaddr(a).0);
+        let src_ptr = src_ss
+            .as_mut()
+            .map_or(std::ptr::null_mut(), |s| s as *mut _ as *mut libc::sockaddr);
+        // SAFETY: live id; ss (and src_ss, when given) are valid sockaddrs
+        // that outlive the call (librdmacm copies them); NULL src is allowed.
         let r = unsafe {
             rdma_resolve_addr(
                 self.ptr,
-                std::ptr::null_mut(),
+                src_ptr,
                 &mut ss as *mut _ as *mut libc::sockaddr,
                 timeout_ms,
             )
@@ -278,7 +291,7 @@ impl CmId {
         cm_call(r, "rdma_resolve_route")
     }
 
-    fn param(private: &[u8]) -> rdma_conn_param {
+    fn param(private: &[u8], qp_num: u32) -> rdma_conn_param {
         rdma_conn_param {
             private_data: private.as_ptr() as *const _,
             private_data_len: private.len() as u8,
@@ -294,28 +307,40 @@ impl CmId {
             // mean a SEND never meets an empty receive queue.
             rnr_retry_count: 7,
             srq: 0,
-            qp_num: 0,
+            // Ignored when the id has a QP (librdmacm sends the QP's number).
+            qp_num,
         }
     }
 
     pub(crate) fn connect(&self, private: &[u8]) -> Result<(), Error> {
-        let mut p = Self::param(private);
-        // SAFETY: live id with a QP; private data valid during the call
-        // (librdmacm copies it).
+        self.connect_qpn(private, 0)
+    }
+
+    /// `rdma_connect`; `qp_num` is what the request names when the id has
+    /// no QP (only the test helper `testing::StalledConnect` connects
+    /// without one: such a connection can never carry data).
+    pub(crate) fn connect_qpn(&self, private: &[u8], qp_num: u32) -> Result<(), Error> {
+        let mut p = Self::param(private, qp_num);
+        // SAFETY: live id with a resolved route (with a QP, or without one,
+        // see above); private data valid during the call (librdmacm copies
+        // it).
         let r = unsafe { rdma_connect(self.ptr, &mut p) };
         cm_call(r, "rdma_connect")
     }
 
     pub(crate) fn accept(&self, private: &[u8]) -> Result<(), Error> {
-        let mut p = Self::param(private);
+        let mut p = Self::param(private, 0);
         // SAFETY: as for connect.
         let r = unsafe { rdma_accept(self.ptr, &mut p) };
         cm_call(r, "rdma_accept")
     }
 
     pub(crate) fn reject(&self, private: &[u8]) {
-        // SAFETY: live id from a CONNECT_REQUEST; private data valid during call.
-        unsafe { rdma_reject(self.ptr, private.as_ptr() as *const _, private.len() as u8) };
+        let len = private.len().min(u8::MAX as usize) as u8;
+        // SAFETY: live id from a CONNECT_REQUEST; `len` bytes of private
+        // data are valid during the call (librdmacm copies them).
+        let r = unsafe { rdma_reject(self.ptr, private.as_ptr() as *const _, len) };
+        warn_destroy("rdma_reject", r);
     }
 
     pub(crate) fn disconnect(&self) -> Result<(), Error> {
@@ -340,6 +365,7 @@ impl Drop for CmId {
         // SAFETY: id created by rdma_create_id or delivered by CONNECT_REQUEST;
         // destroyed once. The QP (if any) was destroyed first: Qp holds an
         // Arc<CmId>.
-        unsafe { rdma_destroy_id(self.ptr) };
+        let r = unsafe { rdma_destroy_id(self.ptr) };
+        warn_destroy("rdma_destroy_id", r);
     }
 }

@@ -30,6 +30,16 @@ pub(crate) fn errno() -> Errno {
     Errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
 }
 
+/// Logs a failed destroy/deregister call (a `Drop` cannot return it): `r` is
+/// the call's return value, an errno itself (libibverbs) or -1 with `errno`
+/// set (librdmacm).
+pub(crate) fn warn_destroy(verb: &'static str, r: i32) {
+    if r != 0 {
+        let e = if r > 0 { Errno(r) } else { errno() };
+        tracing::warn!("{verb} failed: {e}; the resource may be leaked");
+    }
+}
+
 pub(crate) fn verb_err(verb: &'static str) -> Error {
     Error::Verb {
         verb,
@@ -137,9 +147,10 @@ impl Pd {
 
 impl Drop for Pd {
     fn drop(&mut self) {
-        // SAFETY: ptr came from ibv_alloc_pd; all MRs and the QP hold an Arc
-        // to this Pd, so none remain.
-        unsafe { ibv_dealloc_pd(self.ptr) };
+        // SAFETY: ptr came from ibv_alloc_pd and is deallocated only here;
+        // every MR and the QP hold an Arc to this Pd, so none remain.
+        let r = unsafe { ibv_dealloc_pd(self.ptr) };
+        warn_destroy("ibv_dealloc_pd", r);
     }
 }
 
@@ -174,8 +185,10 @@ impl CompChannel {
 
 impl Drop for CompChannel {
     fn drop(&mut self) {
-        // SAFETY: every CQ using this channel holds an Arc to it, so none remain.
-        unsafe { ibv_destroy_comp_channel(self.ptr) };
+        // SAFETY: ptr came from ibv_create_comp_channel and is destroyed
+        // only here; every CQ using it holds an Arc to it, so none remain.
+        let r = unsafe { ibv_destroy_comp_channel(self.ptr) };
+        warn_destroy("ibv_destroy_comp_channel", r);
     }
 }
 
@@ -290,9 +303,11 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
-        // SAFETY: the QP using this CQ holds an Arc to it, so it is gone; all
-        // events were acked in consume_events.
-        unsafe { ibv_destroy_cq(self.ptr) };
+        // SAFETY: ptr came from ibv_create_cq and is destroyed only here; the
+        // QP using this CQ holds an Arc to it, so it is gone; every event
+        // read was acked at once in consume_events.
+        let r = unsafe { ibv_destroy_cq(self.ptr) };
+        warn_destroy("ibv_destroy_cq", r);
     }
 }
 

@@ -44,3 +44,65 @@ pub fn pattern(seed: u64, len: usize) -> Bytes {
     }
     Bytes::from(v)
 }
+
+/// Whether the device under test is iWARP (e.g. siw in the VM suite's
+/// second run): `RDMA_TEST_IWARP=1`, or `SOFTROCE_SIW_IP` is set and is the
+/// address under test, or every RDMA device on the host is iWARP.
+pub fn iwarp() -> bool {
+    let transports: Vec<&str> = devices()
+        .unwrap_or_default()
+        .iter()
+        .map(|d| d.transport)
+        .collect();
+    is_iwarp(
+        std::env::var("RDMA_TEST_IWARP").as_deref() == Ok("1"),
+        std::env::var("SOFTROCE_SIW_IP").ok().as_deref(),
+        std::env::var("SOFTROCE_IP")
+            .or_else(|_| std::env::var("RDMA_TEST_IP"))
+            .ok()
+            .as_deref(),
+        &transports,
+    )
+}
+
+/// The decision of [`iwarp`], from its inputs. Two unset variables are not
+/// "the same address": a real NIC run without `SOFTROCE_*` is not iWARP
+/// unless its devices are.
+pub fn is_iwarp(
+    forced: bool,
+    siw_ip: Option<&str>,
+    ip_under_test: Option<&str>,
+    device_transports: &[&str],
+) -> bool {
+    forced
+        || matches!((siw_ip, ip_under_test), (Some(s), Some(i)) if s == i)
+        || (!device_transports.is_empty() && device_transports.iter().all(|t| *t == "iWARP"))
+}
+
+#[test]
+fn unset_addresses_do_not_mean_iwarp() {
+    // Before: `SOFTROCE_SIW_IP == SOFTROCE_IP` compared two `None`s on a real
+    // NIC run and took the siw branch, skipping two checks.
+    assert!(!is_iwarp(false, None, None, &["InfiniBand/RoCE"]));
+    assert!(!is_iwarp(
+        false,
+        None,
+        Some("10.0.0.1"),
+        &["InfiniBand/RoCE"]
+    ));
+    assert!(!is_iwarp(
+        false,
+        Some("192.168.78.1"),
+        Some("192.168.77.1"),
+        &["InfiniBand/RoCE", "iWARP"]
+    ));
+    assert!(is_iwarp(
+        false,
+        Some("192.168.78.1"),
+        Some("192.168.78.1"),
+        &["InfiniBand/RoCE", "iWARP"]
+    ));
+    assert!(is_iwarp(false, None, None, &["iWARP"]));
+    assert!(is_iwarp(true, None, None, &[]));
+    assert!(!is_iwarp(false, None, None, &[]));
+}
