@@ -2,10 +2,10 @@
 //! [`Channel`] (connect, fallback reasons, reconnect) and of the server
 //! (the rdma_cm listener beside the TCP one).
 
-use crate::client::{ChannelBuilder, Connector};
+use crate::client::{ChannelBuilder, Connector, Inner};
 use crate::conn::{Connection, FrameReceiver, FrameSender};
 use crate::server::Sessions;
-use crate::{Channel, ConnInfo, Error, Router, TransportInfo, TransportKind};
+use crate::{ConnInfo, Error, Router, TransportKind};
 use bytes::Bytes;
 use std::io;
 use std::net::SocketAddr;
@@ -14,7 +14,15 @@ use tokio::task::JoinSet;
 use tonic::Status;
 
 /// An established rdma-transport connection as a call-protocol [`Connection`].
-pub struct RdmaConnection(pub rdma_transport::Connection);
+pub struct RdmaConnection(pub(crate) rdma_transport::Connection);
+
+impl RdmaConnection {
+    /// Wraps an established rdma-transport connection (for tests driving a
+    /// raw peer; reached through `rpc_core::__private`).
+    pub fn new(c: rdma_transport::Connection) -> RdmaConnection {
+        RdmaConnection(c)
+    }
+}
 
 /// Sending half of an [`RdmaConnection`].
 pub struct RdmaSender(rdma_transport::SendHalf);
@@ -72,7 +80,7 @@ impl FrameReceiver for RdmaReceiver {
 pub const MAX_RDMA_FRAME: usize = 16 << 20;
 
 /// The rdma-transport configuration of the call layer's connections.
-fn transport_config() -> rdma_transport::Config {
+pub(crate) fn transport_config() -> rdma_transport::Config {
     rdma_transport::Config {
         max_message_bytes: MAX_RDMA_FRAME,
         ..rdma_transport::Config::default()
@@ -114,8 +122,8 @@ async fn resolve(addr: &str) -> Result<SocketAddr, Error> {
 
 /// Connects a channel over RDMA; the channel reconnects over RDMA after a
 /// connection loss.
-pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Channel, Error> {
-    let addr = resolve(&b.addr).await?;
+pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Inner, Error> {
+    let addr = resolve(&b.host_port()?).await?;
     match rdma_transport::devices() {
         Ok(d) if d.is_empty() => {
             return Err(Error::RdmaUnavailable("no RDMA device on this host".into()))
@@ -126,7 +134,7 @@ pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Channel, Error
     let cfg = rdma_transport::Config {
         resolve_timeout: b.rdma_connect_timeout,
         connect_timeout: b.rdma_connect_timeout,
-        ..transport_config()
+        ..b.rdma_config.clone().unwrap_or_else(transport_config)
     };
     let session_cfg = b.session.clone();
     let connector: Connector = Arc::new(move || {
@@ -147,14 +155,7 @@ pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Channel, Error
         .await
         .map_err(|s| Error::RdmaUnavailable(s.message().to_string()))?;
     tracing::info!(%addr, "connected over RDMA");
-    Ok(Channel::from_session(
-        shared,
-        Some(connector),
-        TransportInfo {
-            kind: TransportKind::Rdma,
-            fallback_reason: None,
-        },
-    ))
+    Ok(crate::client::msg_inner(shared, Some(connector)))
 }
 
 static NO_DEVICE_LOGGED: Once = Once::new();
@@ -164,6 +165,7 @@ static NO_DEVICE_LOGGED: Once = Once::new();
 pub(crate) async fn start_listener(
     addr: SocketAddr,
     router: Router,
+    cfg: rdma_transport::Config,
     sessions: Sessions,
     mut stop: tokio::sync::watch::Receiver<bool>,
     tasks: &mut JoinSet<Result<(), Error>>,
@@ -182,7 +184,7 @@ pub(crate) async fn start_listener(
             return None;
         }
     }
-    let mut listener = match rdma_transport::Listener::bind(addr, transport_config()).await {
+    let mut listener = match rdma_transport::Listener::bind(addr, cfg).await {
         Ok(l) => l,
         Err(e) => {
             tracing::warn!(%addr, "no RDMA listener ({e}): serving gRPC over TCP only");

@@ -3,6 +3,7 @@
 
 mod back_pressure;
 mod bidi;
+mod builder;
 mod cancel;
 mod client_streaming;
 mod concurrency;
