@@ -2,6 +2,7 @@
 //! TCP and RDMA paths (see `rpc_tests::on_every_path!`).
 
 mod back_pressure;
+mod balance;
 mod bidi;
 mod builder;
 mod cancel;
