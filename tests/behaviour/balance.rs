@@ -212,7 +212,7 @@ async fn rdma_server_killed_and_added() {
             .unwrap();
     }
     let end = counts(&rs);
-    let failures = failures.lock().unwrap();
+    let failures = std::mem::take(&mut *failures.lock().unwrap());
     println!(
         "balance over RDMA: {n} calls, {} ok, {} failed; per-server at the kill {at_kill:?}, at the end {end:?} (server 1 killed with ~{in_flight_on_killed} calls in flight, server 3 added)",
         ok.load(Ordering::SeqCst),
