@@ -236,7 +236,8 @@ async fn reprobe_rdma(core: Weak<Core>, b: ChannelBuilder, r: Reprobe) {
         tokio::time::sleep(delay).await;
         let Some(core) = core.upgrade() else { return };
         attempts += 1;
-        match crate::rdma::connect_channel(&b).await {
+        let tcp = core.current();
+        match b.rdma_or_discovered(tcp.as_ref()).await {
             Ok(inner) => {
                 let before = core.info();
                 core.install(inner, TransportInfo::of(TransportKind::Rdma, None));
@@ -523,16 +524,23 @@ impl ChannelBuilder {
                 false,
             )),
             Transport::RdmaOnly => Ok((
-                crate::rdma::connect_channel(self).await?,
+                self.rdma_or_discovered(None).await?,
                 TransportInfo::of(TransportKind::Rdma, None),
                 false,
             )),
             Transport::Auto => match crate::rdma::connect_channel(self).await {
                 Ok(c) => Ok((c, TransportInfo::of(TransportKind::Rdma, None), false)),
                 Err(e) => {
+                    let tcp = self.connect_tcp().await?;
+                    // The server may listen for RDMA on another port (iWARP, §3).
+                    let e = match self.rdma_discovered(&tcp, e).await {
+                        Ok(rdma) => {
+                            return Ok((rdma, TransportInfo::of(TransportKind::Rdma, None), false))
+                        }
+                        Err(e) => e,
+                    };
                     let reason = e.fallback_reason();
                     tracing::info!(addr = %self.addr, %reason, "RDMA unavailable, falling back to TCP");
-                    let tcp = self.connect_tcp().await?;
                     Ok((
                         tcp,
                         TransportInfo::of(TransportKind::Tcp, Some(reason)),
@@ -540,6 +548,62 @@ impl ChannelBuilder {
                     ))
                 }
             },
+        }
+    }
+
+    /// RDMA at the target's port, else at the port its TCP side announces
+    /// (`docs/wire-protocol.md` §3), asked over `tcp` or a short-lived
+    /// connection.
+    pub(crate) async fn rdma_or_discovered(&self, tcp: Option<&Inner>) -> Result<Inner, Error> {
+        let e = match crate::rdma::connect_channel(self).await {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        };
+        match tcp {
+            Some(tcp) => self.rdma_discovered(tcp, e).await,
+            None => {
+                if !has_rdma_device() {
+                    return Err(e);
+                }
+                match self.connect_tcp().await {
+                    Ok(tcp) => self.rdma_discovered(&tcp, e).await,
+                    Err(_) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// After RDMA failed at the target's port with `first`: asks the server
+    /// over `tcp` for its RDMA port and, if it is another one, connects there.
+    /// Errors: `first`, or the failure at the announced port.
+    async fn rdma_discovered(&self, tcp: &Inner, first: Error) -> Result<Inner, Error> {
+        let Inner::Tcp(ch) = tcp else {
+            return Err(first);
+        };
+        if !has_rdma_device() {
+            return Err(first);
+        }
+        let target_port = self
+            .host_port()
+            .ok()
+            .and_then(|h| h.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()));
+        match crate::discovery::query(ch).await {
+            Ok(Some(port)) if Some(port) != target_port => {
+                tracing::debug!(addr = %self.addr, port, "the server announces RDMA on another port");
+                crate::rdma::connect_channel_at(self, Some(port))
+                    .await
+                    .map_err(|e| {
+                        Error::RdmaUnavailable(format!(
+                            "{} (the server's RDMA listener is on port {port})",
+                            e.fallback_reason()
+                        ))
+                    })
+            }
+            Ok(_) => Err(first),
+            Err(why) => {
+                tracing::debug!(addr = %self.addr, %why, "RDMA endpoint query failed");
+                Err(first)
+            }
         }
     }
 
@@ -562,6 +626,10 @@ impl ChannelBuilder {
     pub(crate) fn host_port(&self) -> Result<String, Error> {
         parse_target(&self.addr)
     }
+}
+
+fn has_rdma_device() -> bool {
+    rdma_transport::devices().is_ok_and(|d| !d.is_empty())
 }
 
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {

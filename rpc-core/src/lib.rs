@@ -28,6 +28,7 @@ mod balance;
 mod body;
 mod client;
 pub mod conn;
+mod discovery;
 mod frame;
 mod layers;
 mod misbehaved;

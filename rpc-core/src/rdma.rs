@@ -123,7 +123,19 @@ async fn resolve(addr: &str) -> Result<SocketAddr, Error> {
 /// Connects a channel over RDMA; the channel reconnects over RDMA after a
 /// connection loss.
 pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Inner, Error> {
-    let addr = resolve(&b.host_port()?).await?;
+    connect_channel_at(b, None).await
+}
+
+/// As [`connect_channel`], to `port` instead of the target's (an RDMA
+/// listener the server announced, `docs/wire-protocol.md` §3).
+pub(crate) async fn connect_channel_at(
+    b: &ChannelBuilder,
+    port: Option<u16>,
+) -> Result<Inner, Error> {
+    let mut addr = resolve(&b.host_port()?).await?;
+    if let Some(p) = port {
+        addr.set_port(p);
+    }
     match rdma_transport::devices() {
         Ok(d) if d.is_empty() => {
             return Err(Error::RdmaUnavailable("no RDMA device on this host".into()))
@@ -160,16 +172,12 @@ pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Inner, Error> 
 
 static NO_DEVICE_LOGGED: Once = Once::new();
 
-/// Starts the server's RDMA listener on `addr` (the TCP port), if this host
-/// has an RDMA device for it. Returns the address listened on.
-pub(crate) async fn start_listener(
+/// Binds the server's RDMA listener on `addr`, if this host has an RDMA
+/// device for it (else `None`, logged once).
+pub(crate) async fn bind_listener(
     addr: SocketAddr,
-    router: Router,
     cfg: rdma_transport::Config,
-    sessions: Sessions,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    tasks: &mut JoinSet<Result<(), Error>>,
-) -> Option<SocketAddr> {
+) -> Option<rdma_transport::Listener> {
     match rdma_transport::devices() {
         Ok(d) if !d.is_empty() => {}
         Ok(_) => {
@@ -184,13 +192,24 @@ pub(crate) async fn start_listener(
             return None;
         }
     }
-    let mut listener = match rdma_transport::Listener::bind(addr, cfg).await {
-        Ok(l) => l,
+    match rdma_transport::Listener::bind(addr, cfg).await {
+        Ok(l) => Some(l),
         Err(e) => {
             tracing::warn!(%addr, "no RDMA listener ({e}): serving gRPC over TCP only");
-            return None;
+            None
         }
-    };
+    }
+}
+
+/// Serves the connections of a bound RDMA listener until `stop`. Returns
+/// the address listened on.
+pub(crate) fn spawn_accept(
+    mut listener: rdma_transport::Listener,
+    router: Router,
+    sessions: Sessions,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    tasks: &mut JoinSet<Result<(), Error>>,
+) -> SocketAddr {
     let local = listener.local_addr();
     tracing::info!(addr = %local, "RDMA listener up");
     tasks.spawn(async move {
@@ -223,5 +242,5 @@ pub(crate) async fn start_listener(
             }
         }
     });
-    Some(local)
+    local
 }

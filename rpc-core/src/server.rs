@@ -38,6 +38,7 @@ pub struct Server {
     timeout: Option<Duration>,
     layers: Option<LayerFn>,
     rdma_config: Option<rdma_transport::Config>,
+    rdma_port: Option<u16>,
 }
 
 impl Default for Server {
@@ -52,6 +53,7 @@ impl Default for Server {
             timeout: None,
             layers: None,
             rdma_config: None,
+            rdma_port: None,
         }
     }
 }
@@ -67,6 +69,7 @@ impl std::fmt::Debug for Server {
             .field("timeout", &self.timeout)
             .field("layers", &self.layers.is_some())
             .field("rdma_config", &self.rdma_config)
+            .field("rdma_port", &self.rdma_port)
             .finish()
     }
 }
@@ -133,6 +136,14 @@ impl Server {
     /// Default: the transport's defaults with `max_message_bytes` = 16 MiB.
     pub fn rdma_config(mut self, c: rdma_transport::Config) -> Self {
         self.rdma_config = Some(c);
+        self
+    }
+
+    /// The RDMA listener's port when it cannot share the TCP port (iWARP
+    /// devices, `docs/wire-protocol.md` §3). Default: an ephemeral port. On
+    /// RoCE and InfiniBand, RDMA always shares the TCP port.
+    pub fn rdma_port(mut self, port: u16) -> Self {
+        self.rdma_port = Some(port);
         self
     }
 
@@ -286,57 +297,85 @@ impl Router {
         // Bind TCP first (port 0 picks the port both transports use), set up
         // the RDMA listener on that port, and only then listen on TCP: once
         // the TCP port answers, a client's RDMA attempt finds its listener too.
-        let socket = if addr.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()
-        } else {
-            tokio::net::TcpSocket::new_v6()
-        }
-        .map_err(|e| Error::Serve(format!("TCP socket for {addr}: {e}")))?;
-        socket.set_reuseaddr(true)?;
-        socket
-            .bind(addr)
-            .map_err(|e| Error::Serve(format!("binding TCP {addr}: {e}")))?;
+        let socket = tcp_socket(addr)?;
         let local = socket.local_addr()?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut tasks = JoinSet::new();
 
+        // The RDMA port, told to clients by the TCP side (§3); 0 = none.
+        let rdma_port = Arc::new(std::sync::atomic::AtomicU16::new(0));
+        let this = Router {
+            server: self.server.clone(),
+            routes: self
+                .routes
+                .clone()
+                .add_service(crate::discovery::RdmaEndpointService {
+                    port: rdma_port.clone(),
+                }),
+        };
+        let cfg = self
+            .server
+            .rdma_config
+            .clone()
+            .unwrap_or_else(crate::rdma::transport_config);
         let sessions: Sessions = Arc::new(Mutex::new(Vec::new()));
-        let rdma = if self.server.tcp_only {
+        let mut rdma_listener = if self.server.tcp_only {
             None
         } else {
-            crate::rdma::start_listener(
-                local,
-                self.clone(),
-                self.server
-                    .rdma_config
-                    .clone()
-                    .unwrap_or_else(crate::rdma::transport_config),
+            crate::rdma::bind_listener(local, cfg.clone()).await
+        };
+        let listener = match socket.listen(1024) {
+            Ok(l) => l,
+            // iWARP (docs/wire-protocol.md §3): rdma_cm's listener is a kernel
+            // TCP listener and took the port. HTTP/2 keeps the port (stock
+            // clients know only it); RDMA listens on another one, which the
+            // TCP side tells Auto clients.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && rdma_listener.is_some() => {
+                drop(rdma_listener.take());
+                let l = listen_retrying(local).await?;
+                let alt = SocketAddr::new(local.ip(), self.server.rdma_port.unwrap_or(0));
+                rdma_listener = crate::rdma::bind_listener(alt, cfg).await;
+                if let Some(r) = &rdma_listener {
+                    tracing::info!(
+                        tcp = %local,
+                        rdma = %r.local_addr(),
+                        "the RDMA device is iWARP (its listener cannot share the TCP port): \
+                         RDMA listens on another port, announced over TCP"
+                    );
+                }
+                l
+            }
+            Err(e) => return Err(Error::Serve(format!("listening on TCP {local}: {e}"))),
+        };
+        let rdma = rdma_listener.map(|l| {
+            crate::rdma::spawn_accept(
+                l,
+                this.clone(),
                 sessions.clone(),
                 stop_rx.clone(),
                 &mut tasks,
             )
-            .await
-        };
-
-        // HTTP/2 on TCP: tonic's own transport, the same routes.
-        let listener = socket
-            .listen(1024)
-            .map_err(|e| Error::Serve(format!("listening on TCP {local}: {e}")))?;
+        });
+        rdma_port.store(
+            rdma.map_or(0, |a| a.port()),
+            std::sync::atomic::Ordering::Release,
+        );
+        let self_ = this;
         let mut tonic_server = tonic::transport::Server::builder();
-        if let Some(l) = self.server.concurrency_limit {
+        if let Some(l) = self_.server.concurrency_limit {
             let l = usize::try_from(l).unwrap_or(usize::MAX);
             tonic_server = tonic_server.concurrency_limit_per_connection(l);
         }
         // Deadlines as on the message transports: DEADLINE_EXCEEDED (not
         // tonic's CANCELLED "Timeout expired"), over the whole call.
         let mut tonic_server = tonic_server
-            .layer(DefaultTimeoutLayer(self.server.timeout))
+            .layer(DefaultTimeoutLayer(self_.server.timeout))
             .layer(crate::tcp::ServerDeadlineLayer)
-            .layer(DynLayer(self.server.layers.clone()));
+            .layer(DynLayer(self_.server.layers.clone()));
         let incoming = tonic::transport::server::TcpIncoming::from(listener)
-            .with_nodelay(Some(self.server.tcp_nodelay));
+            .with_nodelay(Some(self_.server.tcp_nodelay));
         let mut rx = stop_rx.clone();
-        let routes = self.routes.clone();
+        let routes = self_.routes.clone();
         tasks.spawn(async move {
             tonic_server
                 .add_routes(routes)
@@ -423,6 +462,37 @@ impl Router {
     }
 }
 
+fn tcp_socket(addr: SocketAddr) -> Result<tokio::net::TcpSocket, Error> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(|e| Error::Serve(format!("TCP socket for {addr}: {e}")))?;
+    socket.set_reuseaddr(true)?;
+    socket
+        .bind(addr)
+        .map_err(|e| Error::Serve(format!("binding TCP {addr}: {e}")))?;
+    Ok(socket)
+}
+
+/// Listens on `addr` once the dropped iWARP listener has released it (its
+/// task and rdma_cm id go away asynchronously): up to 5 s.
+async fn listen_retrying(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
+    let mut last = None;
+    for _ in 0..100 {
+        match tcp_socket(addr)?.listen(1024) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Err(Error::Serve(format!(
+        "listening on TCP {addr}: {}",
+        last.map_or_else(String::new, |e| e.to_string())
+    )))
+}
+
 pub(crate) type Sessions = Arc<Mutex<Vec<std::sync::Weak<Shared>>>>;
 
 /// Remembers a live session for graceful shutdown, forgetting closed ones so
@@ -444,7 +514,8 @@ pub struct ServingHandle {
 }
 
 impl ServingHandle {
-    /// The TCP address served (the RDMA listener uses the same port).
+    /// The TCP address served (the RDMA listener uses the same port, except
+    /// on iWARP: see [`rdma_addr`](Self::rdma_addr)).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }

@@ -245,7 +245,9 @@ async fn rdma_server_killed_and_added() {
     drop(ch);
     for r in rs {
         if let Some(h) = r.handle {
-            h.shutdown().await.unwrap();
+            if let Err(e) = h.shutdown().await {
+                println!("shutdown of a replica: {e}");
+            }
         }
     }
 }
