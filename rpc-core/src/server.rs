@@ -481,7 +481,7 @@ fn tcp_socket(addr: SocketAddr) -> Result<tokio::net::TcpSocket, Error> {
 async fn listen_retrying(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
     let mut last = None;
     for _ in 0..100 {
-        match tcp_socket(addr)?.listen(1024) {
+        match tcp_socket(addr).and_then(|s| s.listen(1024).map_err(Error::from)) {
             Ok(l) => return Ok(l),
             Err(e) => last = Some(e),
         }

@@ -200,6 +200,7 @@ async fn rdma_server_killed_and_added() {
     println!("transport before the kill: {}", ch.transport());
     let at_kill = counts(&rs);
     let in_flight_on_killed = rs[1].calls() - rs[1].stats.completed.load(Ordering::SeqCst);
+    let killed = rs[1].addr().to_string();
     rs[1].handle.take().unwrap().abort().await;
     rs.push(Replica::start(&ip).await);
     tx.send(Change::Insert(3, Channel::builder(rs[3].addr())))
@@ -238,7 +239,7 @@ async fn rdma_server_killed_and_added() {
     let t = ch.transport();
     println!("transport at the end: {t}");
     for (addr, e) in &t.endpoints {
-        if *addr != rs[1].addr().to_string() {
+        if *addr != killed {
             assert_eq!(e.kind, TransportKind::Rdma, "{addr}: {e}");
         }
     }
