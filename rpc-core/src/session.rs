@@ -470,7 +470,7 @@ impl Shared {
     pub(crate) fn finish_stream(&self, id: u32) {
         let mut s = lock(&self.state);
         if let Some(e) = s.streams.remove(&id) {
-            e.window.close(Status::cancelled("call finished"));
+            e.window.finish();
         }
         if s.streams.is_empty() {
             drop(s);
@@ -783,7 +783,7 @@ impl Shared {
         if let Some((inbound, window)) = target {
             let _ = inbound.send(msg);
             if let Some(w) = window {
-                w.close(Status::cancelled("call finished"));
+                w.finish();
             }
         }
         if empty {
