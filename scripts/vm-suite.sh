@@ -15,6 +15,9 @@ export RPC_RDMA_CONNECT_TIMEOUT_MS=${RPC_RDMA_CONNECT_TIMEOUT_MS:-15000}
 # The long runs (10^5-call load, 10^3-cycle churn) run once for the docs
 # (docs/reliability.md); CI runs the same tests at a smaller count.
 export RELIABILITY_LOAD_CALLS=${RELIABILITY_LOAD_CALLS:-20000} RELIABILITY_CHURN_CYCLES=${RELIABILITY_CHURN_CYCLES:-300}
+# Balanced channel over 3 RDMA servers, one killed and one added (behaviour
+# balance::rdma_server_killed_and_added): 10^4 calls once for the docs, fewer in CI.
+export BALANCE_CALLS=${BALANCE_CALLS:-2000}
 LOG=target/vm-suite-logs; mkdir -p "$LOG"
 passed=0; failed=0
 check() { # name, then command; its whole output is kept in $out and in $LOG
@@ -52,8 +55,14 @@ fi
 check "rdma_pingpong example (rdma-transport API, both ends in one process)" \
   timeout 120 "$BIN/examples/rdma_pingpong" --loopback "$SOFTROCE_IP"
 echo "$out" | tail -3
-run "behaviour suite over RDMA (all call kinds, 64 MiB, 1000 calls, deadlines, cancel)" \
+run "behaviour suite over RDMA (all call kinds, 64 MiB, 1000 calls, deadlines, cancel, builder options, balance: $BALANCE_CALLS calls, re-probe, same-port RDMA)" \
   quiet timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --test-threads=1
+if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
+  # iWARP: the server's RDMA listener takes another port, announced over TCP
+  # (docs/wire-protocol.md §3); cases that cannot run on iWARP print SKIP and why.
+  run "behaviour suite over iWARP (SoftiWARP siw0; RDMA port announced over TCP)" \
+    env SOFTROCE_IP="$SOFTROCE_SIW_IP" quiet timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --test-threads=1 --nocapture
+fi
 run "transport selection (WRITE path, mixed clients, fallback, reconnect)" \
   timeout 300 "$BEHAVIOUR_TEST" transports --test-threads=1
 

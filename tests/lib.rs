@@ -170,6 +170,19 @@ impl Fixture {
         }
     }
 
+    /// The address a new channel reaches this server at and the policy that
+    /// keeps it on this path (`None` for the in-memory path).
+    pub fn target(&self) -> Option<(std::net::SocketAddr, Transport)> {
+        match &self.server {
+            Server::Memory(_) => None,
+            Server::Net(Some(h)) => Some(match self.path {
+                Path::Rdma => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
+                _ => (h.local_addr(), Transport::TcpOnly),
+            }),
+            Server::Net(None) => panic!("server already shut down"),
+        }
+    }
+
     /// Shuts the server down gracefully.
     pub async fn shutdown(&mut self) {
         match &mut self.server {
@@ -190,6 +203,27 @@ where
     Fut: Future<Output = ()>,
 {
     let Some(fx) = Fixture::start(path).await else {
+        return;
+    };
+    let limit = match path {
+        Path::Rdma => Duration::from_secs(240),
+        _ => Duration::from_secs(60),
+    };
+    tokio::time::timeout(limit, test(fx))
+        .await
+        .unwrap_or_else(|_| panic!("test over {path:?} did not finish within {limit:?}"));
+}
+
+/// As [`run`], on a fixture serving `make`'s router.
+pub async fn run_with<F, Fut>(
+    path: Path,
+    make: impl FnOnce(Arc<EchoStats>) -> rpc_core::Router,
+    test: F,
+) where
+    F: FnOnce(Fixture) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(fx) = Fixture::start_with(path, make).await else {
         return;
     };
     let limit = match path {

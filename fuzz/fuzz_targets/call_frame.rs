@@ -1,9 +1,9 @@
-//! Call-protocol frame decoder (`rpc_core::frame::decode`): any bytes from the
+//! Call-protocol frame decoder (`rpc_core::__private::frame::decode`): any bytes from the
 //! network decode to a frame or an error, never a panic, and nothing decoded
 //! exceeds the limits it was decoded under.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use rpc_core::frame::{decode, metadata_bytes, DecodeLimits, Frame};
+use rpc_core::__private::frame::{decode, metadata_bytes, DecodeLimits, Frame};
 
 const LIMIT: usize = 4096;
 

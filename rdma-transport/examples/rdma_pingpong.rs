@@ -6,8 +6,12 @@
 //! rdma_pingpong --client 192.168.77.1:7471 [opts]     # another process
 //! rdma_pingpong --loopback 192.168.77.1 [opts]        # both ends in one process
 //! opts: --size BYTES (ping size, default 64) --iters N (default 1000)
-//!       --bw-size BYTES (default 1 MiB) --bw-iters N (default 32)
+//!       --bw-size BYTES (default 1 MiB) --bw-iters N (default 32; 0 = no bandwidth phase)
+//!       --runtime multi|current (tokio runtime, default multi: one worker per core)
+//!       --busy-poll-us N (Config::busy_poll, default: Config's)
 //! ```
+//! The client prints one parseable line for the latency phase (times in µs):
+//! `PINGPONG runtime=multi size=64 iters=1000 busy_poll_us=20 p50_us=.. p99_us=.. avg_us=.. min_us=..`
 //! In the Soft-RoCE VM (`$SOFTROCE_IP`):
 //! `run-in-softroce-vm.sh sh -c 'timeout 120 ./target/debug/examples/rdma_pingpong --loopback $SOFTROCE_IP'`
 
@@ -22,6 +26,9 @@ struct Opts {
     iters: usize,
     bw_size: usize,
     bw_iters: usize,
+    /// Only for the report line.
+    runtime: &'static str,
+    busy_poll_us: u128,
 }
 
 async fn server(conn: Connection, o: &Opts) -> Result<(), Error> {
@@ -29,6 +36,11 @@ async fn server(conn: Connection, o: &Opts) -> Result<(), Error> {
     for _ in 0..o.iters {
         let m = rx.recv().await?.ok_or(Error::Disconnected)?;
         tx.send(m).await?;
+    }
+    if o.bw_iters == 0 {
+        tx.close().await;
+        let _ = rx.recv().await;
+        return Ok(());
     }
     let mut bytes = 0;
     for _ in 0..o.bw_iters {
@@ -67,6 +79,24 @@ async fn client(conn: Connection, o: &Opts) -> Result<(), Error> {
             lat[0],
             avg / 2
         );
+        let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+        println!(
+            "PINGPONG runtime={} size={} iters={} busy_poll_us={} p50_us={:.1} p99_us={:.1} avg_us={:.1} min_us={:.1}",
+            o.runtime,
+            o.size,
+            o.iters,
+            o.busy_poll_us,
+            us(lat[lat.len() / 2]),
+            us(lat[lat.len() * 99 / 100]),
+            us(avg),
+            us(lat[0])
+        );
+    }
+    if o.bw_iters == 0 {
+        tx.close().await;
+        let _ = rx.recv().await;
+        println!("connection stats: {:?}", stats.snapshot());
+        return Ok(());
     }
     let msg = Bytes::from(vec![0x5au8; o.bw_size]);
     let t = Instant::now();
@@ -94,20 +124,23 @@ async fn client(conn: Connection, o: &Opts) -> Result<(), Error> {
 fn usage() -> ! {
     eprintln!(
         "usage: rdma_pingpong (--server ADDR:PORT | --client ADDR:PORT | --loopback IP) \
-         [--size B] [--iters N] [--bw-size B] [--bw-iters N]"
+         [--size B] [--iters N] [--bw-size B] [--bw-iters N] [--runtime multi|current] \
+         [--busy-poll-us N]"
     );
     std::process::exit(2)
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut mode = None;
+    let mut cfg = Config::default();
     let mut o = Opts {
         size: 64,
         iters: 1000,
         bw_size: 1 << 20,
         bw_iters: 32,
+        runtime: "multi",
+        busy_poll_us: cfg.busy_poll.as_micros(),
     };
     let mut i = 0;
     while i < args.len() {
@@ -118,11 +151,32 @@ async fn main() {
             "--iters" => o.iters = v.parse().unwrap_or_else(|_| usage()),
             "--bw-size" => o.bw_size = v.parse().unwrap_or_else(|_| usage()),
             "--bw-iters" => o.bw_iters = v.parse().unwrap_or_else(|_| usage()),
+            "--runtime" => {
+                o.runtime = match v.as_str() {
+                    "multi" => "multi",
+                    "current" => "current",
+                    _ => usage(),
+                }
+            }
+            "--busy-poll-us" => {
+                let us: u64 = v.parse().unwrap_or_else(|_| usage());
+                cfg.busy_poll = std::time::Duration::from_micros(us);
+                o.busy_poll_us = us.into();
+            }
             _ => usage(),
         }
         i += 2;
     }
-    let cfg = Config::default();
+    let mut rt = if o.runtime == "current" {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    let rt = rt.enable_all().build().expect("tokio runtime");
+    rt.block_on(run(mode, cfg, o));
+}
+
+async fn run(mode: Option<(String, String)>, cfg: Config, o: Opts) {
     println!("devices: {:?}", rdma_transport::devices());
     let r = match mode {
         Some((m, a)) if m == "--server" => {

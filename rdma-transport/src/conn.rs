@@ -26,6 +26,14 @@ use crate::verbs::{async_fd, CompChannel, Cq, FdOwner, Pd, Qp, Wc};
 /// IBV_WC_WR_FLUSH_ERR
 const WC_FLUSH_ERR: u32 = 5;
 
+/// §2.3 step 6: the active side's first setup kick comes this long after
+/// the connection started, and each further one twice as long after the
+/// previous one, while nothing was received from the passive side.
+const SETUP_KICK_FIRST: Duration = Duration::from_millis(4);
+/// §2.3 step 6: no more setup kicks once the interval would exceed this
+/// (8 kicks over ~2 s); the keepalive (§4.4) remains the backstop.
+const SETUP_KICK_LAST: Duration = Duration::from_secs(1);
+
 pub(crate) type CmFd = AsyncFd<FdOwner<EventChannel>>;
 type CqFd = AsyncFd<FdOwner<Cq>>;
 
@@ -203,6 +211,7 @@ async fn connect_inner(
         h.peer,
         h.peer_hello,
         None,
+        true,
     )
 }
 
@@ -684,6 +693,7 @@ async fn setup_passive(
         peer,
         peer_hello,
         Some(admission),
+        false,
     )
 }
 
@@ -890,6 +900,7 @@ fn spawn_driver(
     peer: SocketAddr,
     peer_hello: Hello,
     admission: Option<Admission>,
+    active: bool,
 ) -> Result<Connection, Error> {
     let cq_afd = async_fd(res.cq.clone())?;
     let (tx, cmd_rx) = mpsc::channel(cfg.send_queue_messages.max(1));
@@ -921,6 +932,12 @@ fn spawn_driver(
         actions: Vec::with_capacity(64),
         last_post: tokio::time::Instant::now(),
         keepalive_timer,
+        setup_kick: active.then(|| {
+            (
+                tokio::time::Instant::now() + SETUP_KICK_FIRST,
+                SETUP_KICK_FIRST,
+            )
+        }),
         _admission: admission,
     };
     tokio::spawn(d.run());
@@ -970,6 +987,10 @@ struct Driver {
     /// Fires at the earliest time a keepalive can be due; re-armed lazily
     /// (once per interval), never per posted work request.
     keepalive_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Active side, until the passive side's first message arrived: when
+    /// the next setup kick is due and the interval that led to it (§2.3
+    /// step 6).
+    setup_kick: Option<(tokio::time::Instant, Duration)>,
     /// Listener side: this connection's count against its source address
     /// (`Config::max_connections_per_address`); last, so it is released
     /// only after the memory above was freed.
@@ -1174,7 +1195,29 @@ impl Driver {
             }
             let room = self.cmd_open && self.has_room();
             let keepalive = !self.cfg.keepalive.is_zero();
+            if self.setup_kick.is_some() && self.engine.heard_from_peer() {
+                self.setup_kick = None;
+            }
+            let (kick, kick_at) = match self.setup_kick {
+                Some((at, _)) => (true, at),
+                None => (false, self.last_post),
+            };
             tokio::select! {
+                _ = tokio::time::sleep_until(kick_at), if kick => {
+                    // §2.3 step 6: nothing heard from the passive side yet.
+                    // A zero-length WRITE makes its NIC look at the
+                    // connection again: siw (Linux 6.1) ignores FPDUs that
+                    // arrive while its accept is still installing the QP's
+                    // socket callbacks, until the next segment arrives.
+                    self.engine.keepalive();
+                    self.stats.bump(|s| &s.setup_kicks, 1);
+                    let now = tokio::time::Instant::now();
+                    self.last_post = now;
+                    self.setup_kick = self.setup_kick.and_then(|(_, d)| {
+                        let d = d * 2;
+                        (d <= SETUP_KICK_LAST).then_some((now + d, d))
+                    });
+                }
                 _ = self.keepalive_timer.as_mut(), if keepalive => {
                     let due = self.last_post + self.cfg.keepalive;
                     let now = tokio::time::Instant::now();

@@ -47,6 +47,9 @@ stats! {
     cq_events,
     /// Keepalive probes queued on idle connections (wire-protocol-rdma §4.4).
     keepalives,
+    /// Zero-length RDMA WRITEs the active side posted while waiting for the
+    /// passive side's first message (wire-protocol-rdma §2.3 step 6).
+    setup_kicks,
     /// Connections established.
     connections,
 }

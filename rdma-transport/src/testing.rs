@@ -231,6 +231,42 @@ impl RawPeer {
         }
     }
 
+    /// What an honest active side does after its first message (§2.3 step
+    /// 6): waits until the listener's first message has arrived (it stays
+    /// queued for [`recv`](Self::recv)), and each time nothing came for a
+    /// while (4 ms, then twice as long each time) posts a setup kick, a
+    /// zero-length RDMA WRITE to the listener's region. Returns whether the
+    /// listener answered within `limit`, and how many kicks were posted.
+    pub async fn wait_for_listener(&mut self, limit: Duration) -> Result<(bool, u32), Error> {
+        let end = tokio::time::Instant::now() + limit;
+        let mut wait = Duration::from_millis(4);
+        let mut kicks = 0;
+        loop {
+            let until = (tokio::time::Instant::now() + wait).min(end);
+            loop {
+                self.poll()?;
+                self.check_cm()?;
+                if !self.received.is_empty() {
+                    return Ok((true, kicks));
+                }
+                if self.disconnected || tokio::time::Instant::now() >= end {
+                    return Ok((false, kicks));
+                }
+                if tokio::time::Instant::now() >= until {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let h = self.hs.peer_hello;
+            let st = self.write(&[], h.rdv_addr, h.rdv_rkey).await?;
+            if !st.ok() {
+                return Ok((false, kicks));
+            }
+            kicks += 1;
+            wait *= 2;
+        }
+    }
+
     /// Plays a host that died without a word: our QP is destroyed, so the
     /// listener's packets are dropped unanswered (no ACK, no NAK), but the
     /// cm_id stays, so no disconnect request is sent either — as when a

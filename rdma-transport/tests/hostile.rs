@@ -204,6 +204,20 @@ async fn raw(server: &EchoServer, edit: impl FnOnce(&mut Hello)) -> (RawPeer, So
     let me = p.local_addr().expect("raw peer address");
     let st = p.send_header(Kind::Credit, |_| {}).await.expect("post");
     assert!(st.ok(), "first CREDIT message: {st:?}");
+    // §2.3 step 6: the listener answers the first message; until it has,
+    // its NIC may not be reading this connection yet (siw), so everything
+    // a case sends afterwards is certain to be looked at.
+    let (heard, kicks) = p
+        .wait_for_listener(Duration::from_secs(10))
+        .await
+        .expect("raw peer setup kicks");
+    assert!(
+        heard,
+        "the listener did not answer the first message within 10 s ({kicks} setup kicks)"
+    );
+    if kicks > 0 {
+        println!("raw peer {me}: the listener answered after {kicks} setup kick(s)");
+    }
     (p, me)
 }
 
@@ -446,9 +460,10 @@ async fn forged_rendezvous_notifications_close_the_connection() {
                     )
                 }
                 6 => (
-                    p.send_header(Kind::Credit, |c| c.credit_return = 1).await,
-                    // The listener has sent nothing yet: all 64 credits we
-                    // granted are still with it.
+                    p.send_header(Kind::Credit, |c| c.credit_return = 2).await,
+                    // The listener has sent one message (its answer to our
+                    // first, §2.3 step 6): 63 of the 64 credits we granted
+                    // are still with it; two more make 65.
                     Box::new(|v| {
                         *v == PeerMisbehaved::TooManyCredits {
                             credits: 65,
@@ -751,11 +766,17 @@ async fn a_silently_dead_peer_is_found_by_keepalive() {
             // One honest round trip, then the peer's host "dies": no DREQ,
             // no more ACKs.
             assert!(p.send_raw(&eager(&[0; 10])).await.unwrap().ok());
-            let echo = p
-                .recv(Duration::from_secs(10))
-                .await
-                .unwrap()
-                .expect("echo");
+            // The listener's answer to our first message (a CREDIT), then the echo.
+            let echo = loop {
+                let m = p
+                    .recv(Duration::from_secs(10))
+                    .await
+                    .unwrap()
+                    .expect("echo");
+                if Header::decode(&m).unwrap().kind != Kind::Credit {
+                    break m;
+                }
+            };
             assert_eq!(Header::decode(&echo).unwrap().kind, Kind::Eager);
             peers.push((p, me));
         }

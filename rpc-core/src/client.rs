@@ -1,5 +1,6 @@
 //! [`Channel`]: the client side, a `tower::Service` that tonic-generated
-//! clients take unchanged.
+//! clients take unchanged; [`ChannelBuilder`] (alias [`Endpoint`]): tonic's
+//! `Endpoint` options. Balanced channels are in `crate::balance`.
 
 use crate::body::RecvBody;
 use crate::conn::Connection;
@@ -9,21 +10,34 @@ use crate::{timeout, ConnInfo, Error, SessionConfig, Transport, TransportInfo, T
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt};
 use http_body_util::BodyExt;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
 use tonic::body::Body;
 use tonic::{Code, Status};
+use tower::ServiceExt;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type Req = http::Request<Body>;
+pub(crate) type Resp = http::Response<Body>;
+pub(crate) type RespFuture = BoxFuture<'static, Result<Resp, BoxError>>;
+/// What a layered or balanced channel's `transport()` reports.
+pub(crate) type InfoFn = Arc<dyn Fn() -> TransportInfo + Send + Sync>;
+
+/// Buffer between a shared service (limits, balancer) and the channel's
+/// clones, as tonic's (its `DEFAULT_BUFFER_SIZE`).
+pub(crate) const BUFFER_SIZE: usize = 1024;
 
 /// Opens a new session for a message channel (used to reconnect).
 pub(crate) type Connector =
     Arc<dyn Fn() -> BoxFuture<'static, Result<Arc<Shared>, Status>> + Send + Sync>;
 
-/// A client channel to one server. Cheap to clone; clones share the connection
-/// and multiplex their calls over it.
+/// A client channel: to one server, or balanced over several
+/// ([`Channel::balance_list`], [`Channel::balance_channel`]). Cheap to clone;
+/// clones share the connection(s) and multiplex their calls over them.
 ///
 /// As a `tower::Service`, `poll_ready` on an RDMA or in-memory channel
 /// reserves one of the calls the server accepts at once on the connection
@@ -31,7 +45,9 @@ pub(crate) type Connector =
 /// tower's `Buffer`, `ConcurrencyLimit` and balancers see the back-pressure.
 /// The reservation belongs to this clone (clones start without one) and is
 /// released if this clone is dropped without `call`. On a TCP channel,
-/// `poll_ready` is tonic's.
+/// `poll_ready` is tonic's. A channel with a `concurrency_limit`, a
+/// `rate_limit` or several endpoints is, as tonic's, a `tower::buffer::Buffer`
+/// in front of the shared service.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,51 +56,211 @@ pub(crate) type Connector =
 /// // let mut client = GreeterClient::new(channel);   // tonic-generated, unchanged
 /// # Ok(()) }
 /// ```
+#[derive(Clone)]
 pub struct Channel {
-    inner: Inner,
-    info: Arc<TransportInfo>,
-    /// Message transports: the call slot `poll_ready` reserved for the next `call`.
-    ready: Ready,
+    svc: Svc,
 }
 
-impl Clone for Channel {
-    fn clone(&self) -> Self {
-        Channel {
-            inner: self.inner.clone(),
-            info: self.info.clone(),
-            // A reservation is this clone's own (tower's contract).
-            ready: Ready::Idle,
-        }
+#[derive(Clone)]
+enum Svc {
+    Direct(Direct),
+    Buffered {
+        buf: tower::buffer::Buffer<Req, RespFuture>,
+        info: InfoFn,
+    },
+}
+
+impl std::fmt::Debug for Channel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("transport", &self.transport().to_string())
+            .finish()
     }
 }
 
 type Slot = (Arc<Shared>, OwnedSemaphorePermit);
 
-/// Where a message channel's `poll_ready` stands.
+/// Where a channel's `poll_ready` stands.
 enum Ready {
     /// Nothing reserved.
     Idle,
-    /// Waiting for the session (connecting) or for a free call slot. In a
-    /// `Mutex` only so that `Channel` stays `Sync`; reached through `get_mut`.
+    /// Lazy channel: connecting. In a `Mutex` (as `Waiting`) only so that
+    /// `Channel` stays `Sync`; reached through `get_mut`.
+    Connecting(std::sync::Mutex<BoxFuture<'static, Result<(), Status>>>),
+    /// Waiting for the session (connecting) or for a free call slot.
     Waiting(std::sync::Mutex<BoxFuture<'static, Result<Slot, Status>>>),
     /// A slot is held for the next `call`.
     Reserved(Slot),
+    /// An endpoint of a balanced channel whose server cannot be reached:
+    /// `Pending` until the next attempt, so that the balancer picks others.
+    Backoff(std::sync::Mutex<Pin<Box<tokio::time::Sleep>>>),
     /// No session could be had: the next `call` fails with this status (a
     /// failed call, not a failed service, as gRPC channels report it).
     Failed(Status),
 }
 
 #[derive(Clone)]
-enum Inner {
+pub(crate) enum Inner {
     Tcp(tonic::transport::Channel),
     Msg(Arc<MsgChannel>),
 }
 
-impl std::fmt::Debug for Channel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Channel")
-            .field("transport", &self.info.to_string())
-            .finish()
+/// One endpoint's channel: the transport in use (which can change: a lazy
+/// channel connects, an `Auto` channel that fell back moves to RDMA when a
+/// re-probe succeeds) and this clone's reservation.
+pub(crate) struct Direct {
+    core: Arc<Core>,
+    /// The generation of `core` that `inner` is from.
+    gen: u64,
+    inner: Option<Inner>,
+    ready: Ready,
+    /// Failed attempts in a row (balanced endpoints' back-off).
+    down: u32,
+}
+
+impl Clone for Direct {
+    fn clone(&self) -> Self {
+        Direct {
+            core: self.core.clone(),
+            gen: self.gen,
+            inner: self.inner.clone(),
+            // A reservation is this clone's own (tower's contract).
+            ready: Ready::Idle,
+            down: 0,
+        }
+    }
+}
+
+/// What the clones of one endpoint's channel share.
+pub(crate) struct Core {
+    /// How to (re)connect; `None` for channels over a given connection.
+    builder: Option<ChannelBuilder>,
+    /// Bumped each time `active.inner` changes; read without the lock on
+    /// every `poll_ready`.
+    gen: AtomicU64,
+    active: std::sync::RwLock<Active>,
+    connecting: tokio::sync::Mutex<()>,
+    /// A balanced endpoint: while its server cannot be reached, `poll_ready`
+    /// is `Pending` (retrying with back-off) instead of failing calls.
+    pending_when_down: bool,
+}
+
+struct Active {
+    inner: Option<Inner>,
+    info: TransportInfo,
+    /// The TCP channel a re-probe moved away from: kept (idle) so that calls
+    /// in flight on it finish.
+    retired: Option<Inner>,
+}
+
+impl Core {
+    fn new(builder: Option<ChannelBuilder>, pending_when_down: bool) -> Arc<Core> {
+        let addr = builder.as_ref().map(|b| b.addr.clone()).unwrap_or_default();
+        Arc::new(Core {
+            builder,
+            gen: AtomicU64::new(0),
+            active: std::sync::RwLock::new(Active {
+                inner: None,
+                info: TransportInfo::not_connected(&addr),
+                retired: None,
+            }),
+            connecting: tokio::sync::Mutex::new(()),
+            pending_when_down,
+        })
+    }
+
+    fn connected(inner: Inner, info: TransportInfo) -> Arc<Core> {
+        let core = Core::new(None, false);
+        core.install(inner, info);
+        core
+    }
+
+    pub(crate) fn info(&self) -> TransportInfo {
+        self.active
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .info
+            .clone()
+    }
+
+    fn install(&self, inner: Inner, info: TransportInfo) {
+        let mut a = self.active.write().unwrap_or_else(|e| e.into_inner());
+        let old = a.inner.replace(inner);
+        if let Some(old @ Inner::Tcp(_)) = old {
+            a.retired = Some(old);
+        }
+        a.info = info;
+        self.gen.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn current(&self) -> Option<Inner> {
+        self.active
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .inner
+            .clone()
+    }
+
+    /// Connects a lazy channel (once; concurrent callers wait for it).
+    async fn ensure_connected(self: &Arc<Self>) -> Result<(), Error> {
+        let _one = self.connecting.lock().await;
+        if self.current().is_some() {
+            return Ok(());
+        }
+        let Some(b) = &self.builder else {
+            return Err(Error::Connect {
+                transport: TransportKind::Memory,
+                addr: String::new(),
+                detail: "connection closed".into(),
+            });
+        };
+        let (inner, info, reprobe) = b.connect_inner().await?;
+        self.install(inner, info);
+        if reprobe {
+            if let Some(r) = b.reprobe {
+                tokio::spawn(reprobe_rdma(Arc::downgrade(self), b.clone(), r));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An `Auto` channel that fell back to TCP tries RDMA again in the background
+/// (`docs/architecture.md`, "Re-probing RDMA"): after `initial`, then doubling
+/// up to `max`, until it succeeds or the channel is dropped. New calls then go
+/// over RDMA; calls in flight on TCP finish there.
+async fn reprobe_rdma(core: Weak<Core>, b: ChannelBuilder, r: Reprobe) {
+    let mut delay = r.initial;
+    let mut attempts = 0u32;
+    loop {
+        tokio::time::sleep(delay).await;
+        let Some(core) = core.upgrade() else { return };
+        attempts += 1;
+        let tcp = core.current();
+        match b.rdma_or_discovered(tcp.as_ref()).await {
+            Ok(inner) => {
+                let before = core.info();
+                core.install(inner, TransportInfo::of(TransportKind::Rdma, None));
+                tracing::info!(
+                    addr = %b.addr,
+                    attempts,
+                    was = %before,
+                    "RDMA re-probe succeeded: new calls go over RDMA (calls in flight on TCP finish there)"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(addr = %b.addr, attempts, reason = %e.fallback_reason(), next_in = ?delay.saturating_mul(2).min(r.max), "RDMA re-probe failed; staying on TCP");
+                let reason = e.fallback_reason();
+                {
+                    let mut a = core.active.write().unwrap_or_else(|e| e.into_inner());
+                    if a.info.kind == TransportKind::Tcp {
+                        a.info.fallback_reason = Some(reason);
+                    }
+                }
+                delay = delay.saturating_mul(2).min(r.max);
+            }
+        }
     }
 }
 
@@ -132,7 +308,15 @@ impl MsgChannel {
     }
 }
 
-/// Builds a [`Channel`]: transport policy and timeouts.
+/// Re-probe back-off of an `Auto` channel that fell back to TCP.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reprobe {
+    initial: Duration,
+    max: Duration,
+}
+
+/// Builds a [`Channel`]: the options of tonic's `Endpoint` (also reachable as
+/// [`Endpoint`]), the transport policy and the RDMA settings.
 #[derive(Debug, Clone)]
 pub struct ChannelBuilder {
     pub(crate) addr: String,
@@ -140,9 +324,68 @@ pub struct ChannelBuilder {
     pub(crate) connect_timeout: Duration,
     pub(crate) rdma_connect_timeout: Duration,
     pub(crate) session: SessionConfig,
+    pub(crate) rdma_config: Option<rdma_transport::Config>,
+    timeout: Option<Duration>,
+    concurrency_limit: Option<usize>,
+    rate_limit: Option<(u64, Duration)>,
+    reprobe: Option<Reprobe>,
+}
+
+/// tonic's name for a channel's builder: `Endpoint::from_static(..).connect()`.
+pub type Endpoint = ChannelBuilder;
+
+/// Parses a target: `host:port`, or a URI `http://host:port[/]`. TLS
+/// (`https://`) is not offered (see the README's non-goals).
+fn parse_target(s: &str) -> Result<String, Error> {
+    let bad = |why: &str| Error::InvalidAddress(format!("{s:?}: {why}"));
+    let hostport = match s.split_once("://") {
+        Some((scheme, rest)) => {
+            if !scheme.eq_ignore_ascii_case("http") {
+                return Err(bad(
+                    "only http:// URIs (or host:port) are supported; TLS is not offered",
+                ));
+            }
+            let uri: http::Uri = s.parse().map_err(|e| bad(&format!("{e}")))?;
+            if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+                return Err(bad("a channel's URI has no path"));
+            }
+            let auth = uri.authority().ok_or_else(|| bad("no host"))?;
+            if auth.port().is_none() {
+                return Err(bad("no port"));
+            }
+            if rest.contains('@') {
+                return Err(bad("user info is not supported"));
+            }
+            auth.as_str().to_string()
+        }
+        None => s.trim_end_matches('/').to_string(),
+    };
+    match hostport.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(hostport),
+        _ => Err(bad("expected host:port or http://host:port")),
+    }
 }
 
 impl ChannelBuilder {
+    /// A builder from a URI held in a `&'static str` (as tonic's
+    /// `Endpoint::from_static`). Panics if it is not a valid target.
+    pub fn from_static(s: &'static str) -> ChannelBuilder {
+        Self::from_shared(s).expect("a valid http://host:port or host:port")
+    }
+
+    /// A builder from `http://host:port` or `host:port` (as tonic's
+    /// `Endpoint::from_shared`); `https://` is refused (no TLS here).
+    pub fn from_shared(s: impl Into<String>) -> Result<ChannelBuilder, Error> {
+        let s = s.into();
+        parse_target(&s)?;
+        Ok(Channel::builder(s))
+    }
+
+    /// The target as given (`host:port` or `http://host:port`).
+    pub fn address(&self) -> &str {
+        &self.addr
+    }
+
     /// Which transport to use; default [`Transport::Auto`] unless the
     /// `RPC_TRANSPORT` environment variable (`auto`, `rdma`, `tcp`) says otherwise.
     pub fn transport(mut self, t: Transport) -> Self {
@@ -156,6 +399,7 @@ impl ChannelBuilder {
     }
     /// Time allowed for RDMA address/route resolution and connection before
     /// falling back to TCP (default 2 s, or `RPC_RDMA_CONNECT_TIMEOUT_MS`).
+    /// It overrides the timeouts of [`rdma_config`](Self::rdma_config).
     pub fn rdma_connect_timeout(mut self, d: Duration) -> Self {
         self.rdma_connect_timeout = d;
         self
@@ -165,33 +409,207 @@ impl ChannelBuilder {
         self.session = c;
         self
     }
+    /// rdma-transport's settings (buffer sizes, queue depths, inline and
+    /// eager limits...) for this channel's RDMA connections. Default: the
+    /// transport's defaults with `max_message_bytes` = 16 MiB.
+    pub fn rdma_config(mut self, c: rdma_transport::Config) -> Self {
+        self.rdma_config = Some(c);
+        self
+    }
+    /// A deadline for every call that has none shorter (as tonic's
+    /// `Endpoint::timeout`). It travels as the call's `grpc-timeout`, so the
+    /// server sees it too, and the call ends `DEADLINE_EXCEEDED`.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+    /// At most `limit` calls at once on this channel, its clones together
+    /// (`tower::limit::ConcurrencyLimit`, as tonic's); more wait.
+    pub fn concurrency_limit(mut self, limit: usize) -> Self {
+        self.concurrency_limit = Some(limit);
+        self
+    }
+    /// At most `num` calls per `per` on this channel, its clones together
+    /// (`tower::limit::RateLimit`, as tonic's); more wait.
+    pub fn rate_limit(mut self, num: u64, per: Duration) -> Self {
+        self.rate_limit = Some((num, per));
+        self
+    }
+    /// Re-probe back-off of an `Auto` channel that fell back to TCP: RDMA is
+    /// tried again after `initial`, then at doubling intervals up to `max`
+    /// (default 1 s doubling to 60 s); see [`Channel::transport`].
+    pub fn rdma_reprobe(mut self, initial: Duration, max: Duration) -> Self {
+        self.reprobe = Some(Reprobe {
+            initial: initial.max(Duration::from_millis(1)),
+            max: max.max(initial),
+        });
+        self
+    }
+    /// An `Auto` channel that fell back to TCP stays on TCP.
+    pub fn no_rdma_reprobe(mut self) -> Self {
+        self.reprobe = None;
+        self
+    }
 
     /// Connects according to the transport policy.
     pub async fn connect(self) -> Result<Channel, Error> {
+        parse_target(&self.addr)?;
+        let core = Core::new(Some(self.clone()), false);
+        core.ensure_connected().await?;
+        Ok(self.wrap(core))
+    }
+
+    /// A channel that connects on its first call (as tonic's
+    /// `Endpoint::connect_lazy`): a call while the server cannot be reached
+    /// fails `UNAVAILABLE`, and the next one tries again. Needs a Tokio runtime
+    /// when the builder has limits (their buffer's task is spawned here).
+    pub fn connect_lazy(self) -> Channel {
+        let core = Core::new(Some(self.clone()), false);
+        self.wrap(core)
+    }
+
+    /// One endpoint of a balanced channel: lazy, and `Pending` while down.
+    pub(crate) fn endpoint_service(
+        self,
+    ) -> (Arc<Core>, tower::util::BoxService<Req, Resp, BoxError>) {
+        let core = Core::new(Some(self.clone()), true);
+        let direct = Direct::new(core.clone());
+        let svc = tower::ServiceBuilder::new()
+            .option_layer(
+                self.concurrency_limit
+                    .map(tower::limit::ConcurrencyLimitLayer::new),
+            )
+            .option_layer(
+                self.rate_limit
+                    .map(|(n, per)| tower::limit::RateLimitLayer::new(n, per)),
+            )
+            .service(direct);
+        (core, tower::util::BoxService::new(svc))
+    }
+
+    fn wrap(self, core: Arc<Core>) -> Channel {
+        let direct = Direct::new(core.clone());
+        if self.concurrency_limit.is_none() && self.rate_limit.is_none() {
+            return Channel {
+                svc: Svc::Direct(direct),
+            };
+        }
+        let svc = tower::ServiceBuilder::new()
+            .option_layer(
+                self.concurrency_limit
+                    .map(tower::limit::ConcurrencyLimitLayer::new),
+            )
+            .option_layer(
+                self.rate_limit
+                    .map(|(n, per)| tower::limit::RateLimitLayer::new(n, per)),
+            )
+            .service(direct);
+        Channel::buffered(
+            tower::util::BoxService::new(svc),
+            Arc::new(move || core.info()),
+        )
+    }
+
+    /// Connects with the policy: the transport, what to report, and whether
+    /// to re-probe RDMA in the background (an `Auto` channel on TCP).
+    async fn connect_inner(&self) -> Result<(Inner, TransportInfo, bool), Error> {
         let policy = match self.transport {
             Some(t) => t,
             None => Transport::from_env()?,
         };
         match policy {
-            Transport::TcpOnly => self.connect_tcp(None).await,
-            Transport::RdmaOnly => crate::rdma::connect_channel(&self).await,
-            Transport::Auto => match crate::rdma::connect_channel(&self).await {
-                Ok(c) => Ok(c),
+            Transport::TcpOnly => Ok((
+                self.connect_tcp().await?,
+                TransportInfo::of(TransportKind::Tcp, None),
+                false,
+            )),
+            Transport::RdmaOnly => Ok((
+                self.rdma_or_discovered(None).await?,
+                TransportInfo::of(TransportKind::Rdma, None),
+                false,
+            )),
+            Transport::Auto => match crate::rdma::connect_channel(self).await {
+                Ok(c) => Ok((c, TransportInfo::of(TransportKind::Rdma, None), false)),
                 Err(e) => {
+                    let tcp = self.connect_tcp().await?;
+                    // The server may listen for RDMA on another port (iWARP, §3).
+                    let e = match self.rdma_discovered(&tcp, e).await {
+                        Ok(rdma) => {
+                            return Ok((rdma, TransportInfo::of(TransportKind::Rdma, None), false))
+                        }
+                        Err(e) => e,
+                    };
                     let reason = e.fallback_reason();
                     tracing::info!(addr = %self.addr, %reason, "RDMA unavailable, falling back to TCP");
-                    self.connect_tcp(Some(reason)).await
+                    Ok((
+                        tcp,
+                        TransportInfo::of(TransportKind::Tcp, Some(reason)),
+                        true,
+                    ))
                 }
             },
         }
     }
 
-    pub(crate) async fn connect_tcp(&self, fallback: Option<String>) -> Result<Channel, Error> {
-        let uri = if self.addr.contains("://") {
-            self.addr.clone()
-        } else {
-            format!("http://{}", self.addr)
+    /// RDMA at the target's port, else at the port its TCP side announces
+    /// (`docs/wire-protocol.md` §3), asked over `tcp` or a short-lived
+    /// connection.
+    pub(crate) async fn rdma_or_discovered(&self, tcp: Option<&Inner>) -> Result<Inner, Error> {
+        let e = match crate::rdma::connect_channel(self).await {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
         };
+        match tcp {
+            Some(tcp) => self.rdma_discovered(tcp, e).await,
+            None => {
+                if !has_rdma_device() {
+                    return Err(e);
+                }
+                match self.connect_tcp().await {
+                    Ok(tcp) => self.rdma_discovered(&tcp, e).await,
+                    Err(_) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// After RDMA failed at the target's port with `first`: asks the server
+    /// over `tcp` for its RDMA port and, if it is another one, connects there.
+    /// Errors: `first`, or the failure at the announced port.
+    async fn rdma_discovered(&self, tcp: &Inner, first: Error) -> Result<Inner, Error> {
+        let Inner::Tcp(ch) = tcp else {
+            return Err(first);
+        };
+        if !has_rdma_device() {
+            return Err(first);
+        }
+        let target_port = self
+            .host_port()
+            .ok()
+            .and_then(|h| h.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()));
+        match crate::discovery::query(ch).await {
+            Ok(Some(port)) if Some(port) != target_port => {
+                tracing::debug!(addr = %self.addr, port, "the server announces RDMA on another port");
+                crate::rdma::connect_channel_at(self, Some(port))
+                    .await
+                    .map_err(|e| {
+                        Error::RdmaUnavailable(format!(
+                            "{} (the server's RDMA listener is on port {port})",
+                            e.fallback_reason()
+                        ))
+                    })
+            }
+            Ok(_) => Err(first),
+            Err(why) => {
+                tracing::debug!(addr = %self.addr, %why, "RDMA endpoint query failed");
+                Err(first)
+            }
+        }
+    }
+
+    pub(crate) async fn connect_tcp(&self) -> Result<Inner, Error> {
+        let hostport = parse_target(&self.addr)?;
+        let uri = format!("http://{hostport}");
         let ep = tonic::transport::Endpoint::from_shared(uri)
             .map_err(|e| Error::InvalidAddress(format!("{}: {e}", self.addr)))?
             .connect_timeout(self.connect_timeout)
@@ -201,15 +619,17 @@ impl ChannelBuilder {
             addr: self.addr.clone(),
             detail: error_chain(&e),
         })?;
-        Ok(Channel {
-            inner: Inner::Tcp(ch),
-            info: Arc::new(TransportInfo {
-                kind: TransportKind::Tcp,
-                fallback_reason: fallback,
-            }),
-            ready: Ready::Idle,
-        })
+        Ok(Inner::Tcp(ch))
     }
+
+    /// The target's `host:port`.
+    pub(crate) fn host_port(&self) -> Result<String, Error> {
+        parse_target(&self.addr)
+    }
+}
+
+fn has_rdma_device() -> bool {
+    rdma_transport::devices().is_ok_and(|d| !d.is_empty())
 }
 
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
@@ -224,10 +644,11 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Channel {
-    /// A builder for `addr` (`host:port`).
-    pub fn builder(addr: impl Into<String>) -> ChannelBuilder {
+    /// A builder for `addr`: `host:port` or a URI `http://host:port` (a
+    /// `&str`, a `String` or an `http::Uri`).
+    pub fn builder(addr: impl std::fmt::Display) -> ChannelBuilder {
         ChannelBuilder {
-            addr: addr.into(),
+            addr: addr.to_string(),
             transport: None,
             connect_timeout: Duration::from_secs(5),
             rdma_connect_timeout: std::env::var(crate::RDMA_CONNECT_TIMEOUT_ENV)
@@ -235,11 +656,29 @@ impl Channel {
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map_or(Duration::from_secs(2), Duration::from_millis),
             session: SessionConfig::default(),
+            rdma_config: None,
+            timeout: None,
+            concurrency_limit: None,
+            rate_limit: None,
+            reprobe: Some(Reprobe {
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(60),
+            }),
         }
     }
 
+    /// As [`ChannelBuilder::from_static`].
+    pub fn from_static(s: &'static str) -> ChannelBuilder {
+        ChannelBuilder::from_static(s)
+    }
+
+    /// As [`ChannelBuilder::from_shared`].
+    pub fn from_shared(s: impl Into<String>) -> Result<ChannelBuilder, Error> {
+        ChannelBuilder::from_shared(s)
+    }
+
     /// Connects to `addr` with the default policy (RDMA first, TCP fallback).
-    pub async fn connect(addr: impl Into<String>) -> Result<Channel, Error> {
+    pub async fn connect(addr: impl std::fmt::Display) -> Result<Channel, Error> {
         Self::builder(addr).connect().await
     }
 
@@ -257,153 +696,256 @@ impl Channel {
         let shared = session::start(conn, info, config, None)
             .await
             .map_err(|s| Error::Handshake(s.message().to_string()))?;
-        Ok(Self::from_session(
-            shared,
-            None,
-            TransportInfo {
-                kind,
-                fallback_reason: None,
-            },
-        ))
+        Ok(Channel {
+            svc: Svc::Direct(Direct::new(Core::connected(
+                msg_inner(shared, None),
+                TransportInfo::of(kind, None),
+            ))),
+        })
     }
 
-    pub(crate) fn from_session(
-        shared: Arc<Shared>,
-        connector: Option<Connector>,
-        info: TransportInfo,
+    pub(crate) fn buffered(
+        svc: tower::util::BoxService<Req, Resp, BoxError>,
+        info: InfoFn,
     ) -> Channel {
+        let (buf, worker) = tower::buffer::Buffer::pair(svc, BUFFER_SIZE);
+        tokio::spawn(worker);
         Channel {
-            inner: Inner::Msg(Arc::new(MsgChannel {
-                session: tokio::sync::Mutex::new(Some(shared)),
-                connector,
-            })),
-            info: Arc::new(info),
-            ready: Ready::Idle,
+            svc: Svc::Buffered { buf, info },
         }
     }
 
-    /// Which transport carries this channel's calls, and why TCP if it fell back.
-    pub fn transport(&self) -> &TransportInfo {
-        &self.info
+    /// Which transport carries this channel's calls now, and why TCP if it
+    /// fell back: a snapshot, since an `Auto` channel that fell back moves to
+    /// RDMA when a background re-probe succeeds (see
+    /// [`ChannelBuilder::rdma_reprobe`]). A balanced channel reports each
+    /// endpoint's.
+    pub fn transport(&self) -> TransportInfo {
+        match &self.svc {
+            Svc::Direct(d) => d.core.info(),
+            Svc::Buffered { info, .. } => info(),
+        }
     }
 }
 
-impl tower::Service<http::Request<Body>> for Channel {
-    type Response = http::Response<Body>;
+pub(crate) fn msg_inner(shared: Arc<Shared>, connector: Option<Connector>) -> Inner {
+    Inner::Msg(Arc::new(MsgChannel {
+        session: tokio::sync::Mutex::new(Some(shared)),
+        connector,
+    }))
+}
+
+impl tower::Service<Req> for Channel {
+    type Response = Resp;
     type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+    type Future = RespFuture;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        let chan = match &mut self.inner {
-            Inner::Tcp(c) => {
-                return tower::Service::<http::Request<Body>>::poll_ready(c, cx).map_err(Into::into)
-            }
-            Inner::Msg(m) => m,
-        };
+        match &mut self.svc {
+            Svc::Direct(d) => tower::Service::<Req>::poll_ready(d, cx),
+            Svc::Buffered { buf, .. } => buf.poll_ready(cx),
+        }
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        match &mut self.svc {
+            Svc::Direct(d) => tower::Service::<Req>::call(d, req),
+            Svc::Buffered { buf, .. } => Box::pin(buf.call(req)),
+        }
+    }
+}
+
+impl Direct {
+    pub(crate) fn new(core: Arc<Core>) -> Direct {
+        let gen = core.gen.load(Ordering::Acquire);
+        let inner = core.current();
+        Direct {
+            core,
+            gen,
+            inner,
+            ready: Ready::Idle,
+            down: 0,
+        }
+    }
+
+    /// Picks up a transport change (lazy connect, re-probe, reconnect).
+    fn refresh(&mut self) {
+        let g = self.core.gen.load(Ordering::Acquire);
+        if g != self.gen {
+            self.inner = self.core.current();
+            self.gen = g;
+        }
+    }
+
+    /// No session could be had: fail the next call, or, for a balanced
+    /// endpoint, wait (back-off) and try again.
+    fn down(&mut self, st: Status) -> Ready {
+        if !self.core.pending_when_down {
+            return Ready::Failed(st);
+        }
+        let d = Duration::from_millis(50)
+            .saturating_mul(1u32 << self.down.min(7))
+            .min(Duration::from_secs(5));
+        self.down += 1;
+        tracing::debug!(status = %st.message(), retry_in = ?d, "balanced endpoint unreachable");
+        Ready::Backoff(std::sync::Mutex::new(Box::pin(tokio::time::sleep(d))))
+    }
+}
+
+impl tower::Service<Req> for Direct {
+    type Response = Resp;
+    type Error = BoxError;
+    type Future = RespFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         loop {
             match &mut self.ready {
                 Ready::Reserved((s, _)) if !s.is_unusable() => return Poll::Ready(Ok(())),
                 // The connection closed under the reservation: reserve on the next one.
                 Ready::Reserved(_) => self.ready = Ready::Idle,
                 Ready::Failed(_) => return Poll::Ready(Ok(())),
+                Ready::Backoff(sleep) => {
+                    let sleep = sleep.get_mut().unwrap_or_else(|e| e.into_inner());
+                    if std::future::Future::poll(sleep.as_mut(), cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    self.ready = Ready::Idle;
+                }
+                Ready::Connecting(f) => {
+                    let f = f.get_mut().unwrap_or_else(|e| e.into_inner());
+                    self.ready = match f.poll_unpin(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Ok(())) => Ready::Idle,
+                        Poll::Ready(Err(st)) => self.down(st),
+                    };
+                }
                 Ready::Waiting(f) => {
                     let f = f.get_mut().unwrap_or_else(|e| e.into_inner());
                     self.ready = match f.poll_unpin(cx) {
                         Poll::Pending => return Poll::Pending,
-                        Poll::Ready(Ok(slot)) => Ready::Reserved(slot),
-                        Poll::Ready(Err(st)) => Ready::Failed(st),
+                        Poll::Ready(Ok(slot)) => {
+                            self.down = 0;
+                            Ready::Reserved(slot)
+                        }
+                        Poll::Ready(Err(st)) => self.down(st),
                     };
                 }
                 Ready::Idle => {
-                    // Fast path: a live session with a free slot, no allocation.
-                    if let Some(slot) = chan.try_reserve() {
-                        self.ready = Ready::Reserved(slot);
-                        continue;
+                    self.refresh();
+                    match &mut self.inner {
+                        None => {
+                            let core = self.core.clone();
+                            let f =
+                                async move { core.ensure_connected().await.map_err(Status::from) };
+                            self.ready = Ready::Connecting(std::sync::Mutex::new(Box::pin(f)));
+                        }
+                        Some(Inner::Tcp(c)) => {
+                            return tower::Service::<Req>::poll_ready(c, cx).map_err(Into::into)
+                        }
+                        Some(Inner::Msg(chan)) => {
+                            // Fast path: a live session with a free slot, no allocation.
+                            if let Some(slot) = chan.try_reserve() {
+                                self.down = 0;
+                                self.ready = Ready::Reserved(slot);
+                                continue;
+                            }
+                            let chan = chan.clone();
+                            let wait = async move {
+                                let s = chan.session().await?;
+                                let permit = s
+                                    .call_permits
+                                    .clone()
+                                    .acquire_owned()
+                                    .await
+                                    .map_err(|_| s.closed_status())?;
+                                Ok((s, permit))
+                            };
+                            self.ready = Ready::Waiting(std::sync::Mutex::new(Box::pin(wait)));
+                        }
                     }
-                    let chan = chan.clone();
-                    let wait = async move {
-                        let s = chan.session().await?;
-                        let permit = s
-                            .call_permits
-                            .clone()
-                            .acquire_owned()
-                            .await
-                            .map_err(|_| s.closed_status())?;
-                        Ok((s, permit))
-                    };
-                    self.ready = Ready::Waiting(std::sync::Mutex::new(Box::pin(wait)));
                 }
             }
         }
     }
 
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+    fn call(&mut self, mut req: Req) -> RespFuture {
+        if let Some(t) = self.core.builder.as_ref().and_then(|b| b.timeout) {
+            crate::layers::cap_grpc_timeout(req.headers_mut(), t);
+        }
+        let slot = match std::mem::replace(&mut self.ready, Ready::Idle) {
+            Ready::Reserved(slot) => Some(slot),
+            Ready::Failed(st) => return Box::pin(async move { Err(status_error(st)) }),
+            // `call` without `poll_ready`: the call waits for its slot itself.
+            _ => None,
+        };
         match &mut self.inner {
-            Inner::Tcp(c) => {
-                let timeout = req
-                    .headers()
-                    .get("grpc-timeout")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(timeout::parse);
-                // The deadline covers the whole call from now, the response stream included.
-                let deadline = timeout.map(|t| (tokio::time::Instant::now() + t, t));
-                // Abandoning the call (dropping this future or the response
-                // body, or the deadline) resets its HTTP/2 stream even while
-                // the request stream is open: see `crate::tcp`.
-                let (cancel, req) = {
-                    let (parts, body) = req.into_parts();
-                    let (cancel, body) = CallCancel::new(body);
-                    (cancel, http::Request::from_parts(parts, body))
-                };
-                let fut = tower::Service::call(c, req);
-                Box::pin(async move {
-                    match fut.await {
-                        Ok(r) => Ok(match timeout {
-                            // tonic's HTTP/2 server answers an expired grpc-timeout with
-                            // CANCELLED "Timeout expired"; report it as gRPC specifies.
-                            Some(t) if is_tonic_timeout_response(&r) => {
-                                trailers_only(deadline_status(t))
-                            }
-                            _ => r.map(|b| Body::new(ClientResponseBody::new(b, deadline, cancel))),
-                        }),
-                        // tonic's HTTP/2 channel reports an expired grpc-timeout as a
-                        // transport error (Cancelled); gRPC says DEADLINE_EXCEEDED,
-                        // as the message transports report it.
-                        Err(e) if is_timeout(&e) => {
-                            Ok(trailers_only(deadline_status(timeout.unwrap_or_default())))
-                        }
-                        // A connection that fails or closes under a call is
-                        // UNAVAILABLE in gRPC's terms, as on the message transports
-                        // (tonic alone reports some of these as CANCELLED or UNKNOWN);
-                        // an error of this call's stream only is not a connection's.
-                        Err(e) => Ok(trailers_only(stream_reset_status(&e).unwrap_or_else(
-                            || {
-                                Status::unavailable(format!(
-                                    "tcp connection failed: {}",
-                                    error_chain(&e)
-                                ))
-                            },
-                        ))),
-                    }
-                })
-            }
-            Inner::Msg(m) => {
+            Some(Inner::Tcp(c)) => tcp_call(c, req),
+            Some(Inner::Msg(m)) => {
                 let m = m.clone();
-                let slot = match std::mem::replace(&mut self.ready, Ready::Idle) {
-                    Ready::Reserved(slot) => Some(slot),
-                    Ready::Failed(st) => return Box::pin(async move { Err(status_error(st)) }),
-                    // `call` without `poll_ready`: the call waits for its slot itself.
-                    Ready::Idle | Ready::Waiting(_) => None,
-                };
+                Box::pin(async move { msg_call(m, slot, req).await.map_err(status_error) })
+            }
+            // A lazy channel called without `poll_ready`: connect first.
+            None => {
+                let core = self.core.clone();
                 Box::pin(async move {
-                    match msg_call(m, slot, req).await {
-                        Ok(r) => Ok(r),
-                        Err(status) => Err(status_error(status)),
+                    core.ensure_connected()
+                        .await
+                        .map_err(|e| status_error(Status::from(e)))?;
+                    match core.current() {
+                        Some(Inner::Tcp(mut c)) => {
+                            ServiceExt::<Req>::ready(&mut c).await?;
+                            tcp_call(&mut c, req).await
+                        }
+                        Some(Inner::Msg(m)) => msg_call(m, None, req).await.map_err(status_error),
+                        None => Err(status_error(Status::unavailable("not connected"))),
                     }
                 })
             }
         }
     }
+}
+
+/// A call on tonic's HTTP/2 channel (after its `poll_ready`).
+fn tcp_call(c: &mut tonic::transport::Channel, req: Req) -> RespFuture {
+    let timeout = req
+        .headers()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(timeout::parse);
+    // The deadline covers the whole call from now, the response stream included.
+    let deadline = timeout.map(|t| (tokio::time::Instant::now() + t, t));
+    // Abandoning the call (dropping this future or the response
+    // body, or the deadline) resets its HTTP/2 stream even while
+    // the request stream is open: see `crate::tcp`.
+    let (cancel, req) = {
+        let (parts, body) = req.into_parts();
+        let (cancel, body) = CallCancel::new(body);
+        (cancel, http::Request::from_parts(parts, body))
+    };
+    let fut = tower::Service::call(c, req);
+    Box::pin(async move {
+        match fut.await {
+            Ok(r) => Ok(match timeout {
+                // tonic's HTTP/2 server answers an expired grpc-timeout with
+                // CANCELLED "Timeout expired"; report it as gRPC specifies.
+                Some(t) if is_tonic_timeout_response(&r) => trailers_only(deadline_status(t)),
+                _ => r.map(|b| Body::new(ClientResponseBody::new(b, deadline, cancel))),
+            }),
+            // tonic's HTTP/2 channel reports an expired grpc-timeout as a
+            // transport error (Cancelled); gRPC says DEADLINE_EXCEEDED,
+            // as the message transports report it.
+            Err(e) if is_timeout(&e) => {
+                Ok(trailers_only(deadline_status(timeout.unwrap_or_default())))
+            }
+            // A connection that fails or closes under a call is
+            // UNAVAILABLE in gRPC's terms, as on the message transports
+            // (tonic alone reports some of these as CANCELLED or UNKNOWN);
+            // an error of this call's stream only is not a connection's.
+            Err(e) => Ok(trailers_only(stream_reset_status(&e).unwrap_or_else(
+                || Status::unavailable(format!("tcp connection failed: {}", error_chain(&e))),
+            ))),
+        }
+    })
 }
 
 fn is_tonic_timeout_response(r: &http::Response<Body>) -> bool {

@@ -24,22 +24,44 @@
 #![warn(missing_docs)]
 #![allow(missing_debug_implementations)]
 
+mod balance;
 mod body;
 mod client;
 pub mod conn;
-pub mod frame;
+mod discovery;
+mod frame;
+mod layers;
 mod misbehaved;
-pub mod rdma;
+mod rdma;
 mod server;
 mod session;
 mod tcp;
-pub mod timeout;
+mod timeout;
 mod window;
 
 pub use body::RecvBody;
-pub use client::{Channel, ChannelBuilder};
+pub use client::{Channel, ChannelBuilder, Endpoint};
 pub use misbehaved::PeerMisbehaved;
-pub use server::{MemoryServer, Router, Server, ServingHandle};
+pub use rdma::MAX_RDMA_FRAME;
+/// rdma-transport's settings, for [`ChannelBuilder::rdma_config`] and
+/// [`Server::rdma_config`].
+pub use rdma_transport::Config as RdmaConfig;
+pub use server::{HttpService, MemoryServer, Router, Server, ServingHandle};
+/// An endpoint change of a balanced channel's discovery stream
+/// ([`Channel::balance_channel`], [`Channel::balance_discover`]): tower's.
+pub use tower::discover::Change;
+
+/// Internals that the hostile-peer tests and the fuzz targets drive directly
+/// (the call-protocol codec, the RDMA connection wrapper). Not part of the
+/// API: no stability promise, hidden from the docs.
+#[doc(hidden)]
+pub mod __private {
+    /// The call-protocol frame codec (`docs/wire-protocol.md` §1).
+    pub mod frame {
+        pub use crate::frame::*;
+    }
+    pub use crate::rdma::{RdmaConnection, RdmaReceiver, RdmaSender};
+}
 
 use std::fmt;
 use std::time::Duration;
@@ -87,6 +109,7 @@ impl std::str::FromStr for Transport {
 
 /// What carries a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TransportKind {
     /// Verbs over rdma-transport.
     Rdma,
@@ -94,6 +117,11 @@ pub enum TransportKind {
     Tcp,
     /// The in-memory connection ([`conn::mem`]).
     Memory,
+    /// A balanced channel: each endpoint has its own (see
+    /// [`TransportInfo::endpoints`]). Never the transport of a connection.
+    Balanced,
+    /// A lazy channel that has not connected yet.
+    NotConnected,
 }
 
 impl fmt::Display for TransportKind {
@@ -102,22 +130,53 @@ impl fmt::Display for TransportKind {
             TransportKind::Rdma => "rdma",
             TransportKind::Tcp => "tcp",
             TransportKind::Memory => "memory",
+            TransportKind::Balanced => "balanced",
+            TransportKind::NotConnected => "not connected",
         })
     }
 }
 
 /// The transport a [`Channel`] uses and, if it fell back to TCP, why.
-/// Displays as `rdma`, `tcp` or `tcp (fallback: <reason>)`.
+/// Displays as `rdma`, `tcp` or `tcp (fallback: <reason>)`; a balanced
+/// channel as `balanced [10.0.0.5:50051: rdma, 10.0.0.6:50051: tcp (fallback: ...)]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TransportInfo {
     /// The transport in use.
     pub kind: TransportKind,
     /// Why RDMA was not used, when the policy was [`Transport::Auto`].
     pub fallback_reason: Option<String>,
+    /// A balanced channel's endpoints (address, transport), in address
+    /// order; empty otherwise.
+    pub endpoints: Vec<(String, TransportInfo)>,
+}
+
+impl TransportInfo {
+    pub(crate) fn of(kind: TransportKind, fallback_reason: Option<String>) -> TransportInfo {
+        TransportInfo {
+            kind,
+            fallback_reason,
+            endpoints: Vec::new(),
+        }
+    }
+
+    pub(crate) fn not_connected(_addr: &str) -> TransportInfo {
+        TransportInfo::of(TransportKind::NotConnected, None)
+    }
 }
 
 impl fmt::Display for TransportInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind == TransportKind::Balanced {
+            f.write_str("balanced [")?;
+            for (i, (addr, t)) in self.endpoints.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                write!(f, "{addr}: {t}")?;
+            }
+            return f.write_str("]");
+        }
         match &self.fallback_reason {
             Some(r) => write!(f, "{} (fallback: {r})", self.kind),
             None => write!(f, "{}", self.kind),

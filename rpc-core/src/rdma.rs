@@ -2,10 +2,10 @@
 //! [`Channel`] (connect, fallback reasons, reconnect) and of the server
 //! (the rdma_cm listener beside the TCP one).
 
-use crate::client::{ChannelBuilder, Connector};
+use crate::client::{ChannelBuilder, Connector, Inner};
 use crate::conn::{Connection, FrameReceiver, FrameSender};
 use crate::server::Sessions;
-use crate::{Channel, ConnInfo, Error, Router, TransportInfo, TransportKind};
+use crate::{ConnInfo, Error, Router, TransportKind};
 use bytes::Bytes;
 use std::io;
 use std::net::SocketAddr;
@@ -14,7 +14,15 @@ use tokio::task::JoinSet;
 use tonic::Status;
 
 /// An established rdma-transport connection as a call-protocol [`Connection`].
-pub struct RdmaConnection(pub rdma_transport::Connection);
+pub struct RdmaConnection(pub(crate) rdma_transport::Connection);
+
+impl RdmaConnection {
+    /// Wraps an established rdma-transport connection (for tests driving a
+    /// raw peer; reached through `rpc_core::__private`).
+    pub fn new(c: rdma_transport::Connection) -> RdmaConnection {
+        RdmaConnection(c)
+    }
+}
 
 /// Sending half of an [`RdmaConnection`].
 pub struct RdmaSender(rdma_transport::SendHalf);
@@ -72,7 +80,7 @@ impl FrameReceiver for RdmaReceiver {
 pub const MAX_RDMA_FRAME: usize = 16 << 20;
 
 /// The rdma-transport configuration of the call layer's connections.
-fn transport_config() -> rdma_transport::Config {
+pub(crate) fn transport_config() -> rdma_transport::Config {
     rdma_transport::Config {
         max_message_bytes: MAX_RDMA_FRAME,
         ..rdma_transport::Config::default()
@@ -125,8 +133,20 @@ async fn resolve(addr: &str) -> Result<SocketAddr, Error> {
 
 /// Connects a channel over RDMA; the channel reconnects over RDMA after a
 /// connection loss.
-pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Channel, Error> {
-    let addr = resolve(&b.addr).await?;
+pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Inner, Error> {
+    connect_channel_at(b, None).await
+}
+
+/// As [`connect_channel`], to `port` instead of the target's (an RDMA
+/// listener the server announced, `docs/wire-protocol.md` §3).
+pub(crate) async fn connect_channel_at(
+    b: &ChannelBuilder,
+    port: Option<u16>,
+) -> Result<Inner, Error> {
+    let mut addr = resolve(&b.host_port()?).await?;
+    if let Some(p) = port {
+        addr.set_port(p);
+    }
     match rdma_transport::devices() {
         Ok(d) if d.is_empty() => return Err(Error::RdmaUnavailable(no_device_reason())),
         Err(e) => return Err(Error::RdmaUnavailable(reason(addr, &e))),
@@ -135,7 +155,7 @@ pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Channel, Error
     let cfg = rdma_transport::Config {
         resolve_timeout: b.rdma_connect_timeout,
         connect_timeout: b.rdma_connect_timeout,
-        ..transport_config()
+        ..b.rdma_config.clone().unwrap_or_else(transport_config)
     };
     let session_cfg = b.session.clone();
     let connector: Connector = Arc::new(move || {
@@ -156,27 +176,17 @@ pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Channel, Error
         .await
         .map_err(|s| Error::RdmaUnavailable(s.message().to_string()))?;
     tracing::info!(%addr, "connected over RDMA");
-    Ok(Channel::from_session(
-        shared,
-        Some(connector),
-        TransportInfo {
-            kind: TransportKind::Rdma,
-            fallback_reason: None,
-        },
-    ))
+    Ok(crate::client::msg_inner(shared, Some(connector)))
 }
 
 static NO_DEVICE_LOGGED: Once = Once::new();
 
-/// Starts the server's RDMA listener on `addr` (the TCP port), if this host
-/// has an RDMA device for it. Returns the address listened on.
-pub(crate) async fn start_listener(
+/// Binds the server's RDMA listener on `addr`, if this host has an RDMA
+/// device for it (else `None`, logged once).
+pub(crate) async fn bind_listener(
     addr: SocketAddr,
-    router: Router,
-    sessions: Sessions,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    tasks: &mut JoinSet<Result<(), Error>>,
-) -> Option<SocketAddr> {
+    cfg: rdma_transport::Config,
+) -> Option<rdma_transport::Listener> {
     match rdma_transport::devices() {
         Ok(d) if !d.is_empty() => {}
         Ok(_) => {
@@ -190,13 +200,24 @@ pub(crate) async fn start_listener(
             return None;
         }
     }
-    let mut listener = match rdma_transport::Listener::bind(addr, transport_config()).await {
-        Ok(l) => l,
+    match rdma_transport::Listener::bind(addr, cfg).await {
+        Ok(l) => Some(l),
         Err(e) => {
             tracing::warn!(%addr, "no RDMA listener ({e}): serving gRPC over TCP only");
-            return None;
+            None
         }
-    };
+    }
+}
+
+/// Serves the connections of a bound RDMA listener until `stop`. Returns
+/// the address listened on.
+pub(crate) fn spawn_accept(
+    mut listener: rdma_transport::Listener,
+    router: Router,
+    sessions: Sessions,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    tasks: &mut JoinSet<Result<(), Error>>,
+) -> SocketAddr {
     let local = listener.local_addr();
     tracing::info!(addr = %local, "RDMA listener up");
     tasks.spawn(async move {
@@ -229,5 +250,5 @@ pub(crate) async fn start_listener(
             }
         }
     });
-    Some(local)
+    local
 }

@@ -2,7 +2,10 @@
 //! connections (RDMA, in-memory) and over HTTP/2 on TCP at the same address.
 
 use crate::body::RecvBody;
+use crate::client::BoxError;
 use crate::conn::{self, Connection};
+pub use crate::layers::HttpService;
+use crate::layers::{DefaultTimeoutLayer, DynLayer, LayerFn};
 use crate::session::{self, Acceptor, MisbehavedHook, OpenCall, Shared};
 use crate::{
     frame, timeout, Channel, ConnInfo, Error, PeerMisbehaved, SessionConfig, TransportKind,
@@ -12,6 +15,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tonic::body::Body;
@@ -20,8 +24,9 @@ use tonic::service::Routes;
 use tonic::{Code, Status};
 use tower::{Service, ServiceExt};
 
-/// Server configuration; [`Server::builder`] starts one.
-#[derive(Clone, Default)]
+/// Server configuration; [`Server::builder`] (or `Server::default()`, the
+/// same) starts one.
+#[derive(Clone)]
 pub struct Server {
     session: SessionConfig,
     /// Calls at once per connection, already clamped to `1..=u32::MAX`
@@ -30,6 +35,27 @@ pub struct Server {
     tcp_nodelay: bool,
     tcp_only: bool,
     on_misbehaved: Option<MisbehavedHook>,
+    timeout: Option<Duration>,
+    layers: Option<LayerFn>,
+    rdma_config: Option<rdma_transport::Config>,
+    rdma_port: Option<u16>,
+}
+
+impl Default for Server {
+    /// As [`Server::builder`].
+    fn default() -> Server {
+        Server {
+            session: SessionConfig::default(),
+            concurrency_limit: None,
+            tcp_nodelay: true,
+            tcp_only: false,
+            on_misbehaved: None,
+            timeout: None,
+            layers: None,
+            rdma_config: None,
+            rdma_port: None,
+        }
+    }
 }
 
 impl std::fmt::Debug for Server {
@@ -40,6 +66,10 @@ impl std::fmt::Debug for Server {
             .field("tcp_nodelay", &self.tcp_nodelay)
             .field("tcp_only", &self.tcp_only)
             .field("on_misbehaved", &self.on_misbehaved.is_some())
+            .field("timeout", &self.timeout)
+            .field("layers", &self.layers.is_some())
+            .field("rdma_config", &self.rdma_config)
+            .field("rdma_port", &self.rdma_port)
             .finish()
     }
 }
@@ -54,9 +84,92 @@ fn calls_limit(limit: usize) -> u32 {
 impl Server {
     /// A server with default limits (see [`SessionConfig`]).
     pub fn builder() -> Server {
-        Server {
-            tcp_nodelay: true,
-            ..Server::default()
+        Server::default()
+    }
+
+    /// A deadline for every call that has none shorter (as tonic's
+    /// `Server::timeout`), on every transport: the handler is dropped at the
+    /// deadline and the call ends `DEADLINE_EXCEEDED`.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.timeout = Some(d);
+        self
+    }
+
+    /// Wraps every call, on every transport, in a tower layer (as tonic's
+    /// `Server::layer`; several calls stack, the first outermost). The layer
+    /// wraps a [`HttpService`] and returns a service of the same request and
+    /// response types whose errors become gRPC statuses (as tonic does):
+    /// `tower::timeout::TimeoutLayer`, `tonic::service::InterceptorLayer`,
+    /// `tower::layer::layer_fn(..)`... Message transports box each call once
+    /// more when layers are set.
+    pub fn layer<L, ResBody>(mut self, layer: L) -> Self
+    where
+        L: tower::Layer<HttpService> + Send + Sync + 'static,
+        L::Service: Service<http::Request<Body>, Response = http::Response<ResBody>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        <L::Service as Service<http::Request<Body>>>::Error: Into<BoxError>,
+        <L::Service as Service<http::Request<Body>>>::Future: Send + 'static,
+        ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let this: LayerFn = Arc::new(move |s: HttpService| {
+            HttpService::new(
+                layer
+                    .layer(s)
+                    .map_response(|r: http::Response<ResBody>| r.map(Body::new))
+                    .map_err(Into::into),
+            )
+        });
+        self.layers = Some(match self.layers.take() {
+            None => this,
+            // Earlier layers are outer (as tower's ServiceBuilder and tonic).
+            Some(outer) => Arc::new(move |s| outer(this(s))),
+        });
+        self
+    }
+
+    /// rdma-transport's settings (buffer sizes, queue depths, limits on
+    /// pending handshakes...) of the RDMA listener and its connections.
+    /// Default: the transport's defaults with `max_message_bytes` = 16 MiB.
+    pub fn rdma_config(mut self, c: rdma_transport::Config) -> Self {
+        self.rdma_config = Some(c);
+        self
+    }
+
+    /// The RDMA listener's port when it cannot share the TCP port (iWARP
+    /// devices, `docs/wire-protocol.md` §3). Default: an ephemeral port. On
+    /// RoCE and InfiniBand, RDMA always shares the TCP port.
+    pub fn rdma_port(mut self, port: u16) -> Self {
+        self.rdma_port = Some(port);
+        self
+    }
+
+    /// Adds the service if `Some` (as tonic's `Server::add_optional_service`).
+    pub fn add_optional_service<S>(self, svc: Option<S>) -> Router
+    where
+        S: Service<http::Request<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        Router {
+            server: self,
+            routes: svc.map(Routes::new).unwrap_or_default(),
+        }
+    }
+
+    /// Serves already built routes (as tonic's `Server::add_routes`).
+    pub fn add_routes(self, routes: Routes) -> Router {
+        Router {
+            server: self,
+            routes,
         }
     }
 
@@ -143,6 +256,24 @@ impl Router {
         self
     }
 
+    /// Adds the service if `Some` (as tonic's `Router::add_optional_service`).
+    pub fn add_optional_service<S>(self, svc: Option<S>) -> Router
+    where
+        S: Service<http::Request<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        match svc {
+            Some(svc) => self.add_service(svc),
+            None => self,
+        }
+    }
+
     /// Serves on `addr` until the process ends: RDMA (when the address has an
     /// RDMA device) and HTTP/2 on TCP at the same port.
     pub async fn serve(self, addr: SocketAddr) -> Result<(), Error> {
@@ -166,50 +297,85 @@ impl Router {
         // Bind TCP first (port 0 picks the port both transports use), set up
         // the RDMA listener on that port, and only then listen on TCP: once
         // the TCP port answers, a client's RDMA attempt finds its listener too.
-        let socket = if addr.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()
-        } else {
-            tokio::net::TcpSocket::new_v6()
-        }
-        .map_err(|e| Error::Serve(format!("TCP socket for {addr}: {e}")))?;
-        socket.set_reuseaddr(true)?;
-        socket
-            .bind(addr)
-            .map_err(|e| Error::Serve(format!("binding TCP {addr}: {e}")))?;
+        let socket = tcp_socket(addr)?;
         let local = socket.local_addr()?;
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut tasks = JoinSet::new();
 
+        // The RDMA port, told to clients by the TCP side (§3); 0 = none.
+        let rdma_port = Arc::new(std::sync::atomic::AtomicU16::new(0));
+        let this = Router {
+            server: self.server.clone(),
+            routes: self
+                .routes
+                .clone()
+                .add_service(crate::discovery::RdmaEndpointService {
+                    port: rdma_port.clone(),
+                }),
+        };
+        let cfg = self
+            .server
+            .rdma_config
+            .clone()
+            .unwrap_or_else(crate::rdma::transport_config);
         let sessions: Sessions = Arc::new(Mutex::new(Vec::new()));
-        let rdma = if self.server.tcp_only {
+        let mut rdma_listener = if self.server.tcp_only {
             None
         } else {
-            crate::rdma::start_listener(
-                local,
-                self.clone(),
+            crate::rdma::bind_listener(local, cfg.clone()).await
+        };
+        let listener = match socket.listen(1024) {
+            Ok(l) => l,
+            // iWARP (docs/wire-protocol.md §3): rdma_cm's listener is a kernel
+            // TCP listener and took the port. HTTP/2 keeps the port (stock
+            // clients know only it); RDMA listens on another one, which the
+            // TCP side tells Auto clients.
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && rdma_listener.is_some() => {
+                drop(rdma_listener.take());
+                let l = listen_retrying(local).await?;
+                let alt = SocketAddr::new(local.ip(), self.server.rdma_port.unwrap_or(0));
+                rdma_listener = crate::rdma::bind_listener(alt, cfg).await;
+                if let Some(r) = &rdma_listener {
+                    tracing::info!(
+                        tcp = %local,
+                        rdma = %r.local_addr(),
+                        "the RDMA device is iWARP (its listener cannot share the TCP port): \
+                         RDMA listens on another port, announced over TCP"
+                    );
+                }
+                l
+            }
+            Err(e) => return Err(Error::Serve(format!("listening on TCP {local}: {e}"))),
+        };
+        let rdma = rdma_listener.map(|l| {
+            crate::rdma::spawn_accept(
+                l,
+                this.clone(),
                 sessions.clone(),
                 stop_rx.clone(),
                 &mut tasks,
             )
-            .await
-        };
-
-        // HTTP/2 on TCP: tonic's own transport, the same routes.
-        let listener = socket
-            .listen(1024)
-            .map_err(|e| Error::Serve(format!("listening on TCP {local}: {e}")))?;
+        });
+        rdma_port.store(
+            rdma.map_or(0, |a| a.port()),
+            std::sync::atomic::Ordering::Release,
+        );
+        let self_ = this;
         let mut tonic_server = tonic::transport::Server::builder();
-        if let Some(l) = self.server.concurrency_limit {
+        if let Some(l) = self_.server.concurrency_limit {
             let l = usize::try_from(l).unwrap_or(usize::MAX);
             tonic_server = tonic_server.concurrency_limit_per_connection(l);
         }
         // Deadlines as on the message transports: DEADLINE_EXCEEDED (not
         // tonic's CANCELLED "Timeout expired"), over the whole call.
-        let mut tonic_server = tonic_server.layer(crate::tcp::ServerDeadlineLayer);
+        let mut tonic_server = tonic_server
+            .layer(DefaultTimeoutLayer(self_.server.timeout))
+            .layer(crate::tcp::ServerDeadlineLayer)
+            .layer(DynLayer(self_.server.layers.clone()));
         let incoming = tonic::transport::server::TcpIncoming::from(listener)
-            .with_nodelay(Some(self.server.tcp_nodelay));
+            .with_nodelay(Some(self_.server.tcp_nodelay));
         let mut rx = stop_rx.clone();
-        let routes = self.routes.clone();
+        let routes = self_.routes.clone();
         tasks.spawn(async move {
             tonic_server
                 .add_routes(routes)
@@ -272,16 +438,59 @@ impl Router {
     }
 
     fn acceptor(&self) -> Acceptor {
-        let routes = self.routes.clone();
+        let svc = match &self.server.layers {
+            None => CallService::Routes(self.routes.clone()),
+            Some(layers) => CallService::Layered(layers(HttpService::new(ServiceExt::<
+                http::Request<Body>,
+            >::map_err(
+                self.routes.clone(),
+                |never| match never {},
+            )))),
+        };
+        let default_timeout = self.server.timeout;
         Acceptor {
-            accept: Arc::new(move |shared: Arc<Shared>, call: OpenCall| {
-                let routes = routes.clone();
-                let h = tokio::spawn(handle_call(routes, shared, call));
+            accept: Arc::new(move |shared: Arc<Shared>, mut call: OpenCall| {
+                let svc = svc.clone();
+                if let Some(t) = default_timeout {
+                    call.timeout = Some(call.timeout.map_or(t, |c| c.min(t)));
+                }
+                let h = tokio::spawn(handle_call(svc, shared, call));
                 Some(h.abort_handle())
             }),
             on_misbehaved: self.server.on_misbehaved.clone(),
         }
     }
+}
+
+fn tcp_socket(addr: SocketAddr) -> Result<tokio::net::TcpSocket, Error> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(|e| Error::Serve(format!("TCP socket for {addr}: {e}")))?;
+    socket.set_reuseaddr(true)?;
+    socket
+        .bind(addr)
+        .map_err(|e| Error::Serve(format!("binding TCP {addr}: {e}")))?;
+    Ok(socket)
+}
+
+/// Listens on `addr` once the dropped iWARP listener has released it (its
+/// task and rdma_cm id go away asynchronously): up to 5 s.
+async fn listen_retrying(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
+    let mut last = None;
+    for _ in 0..100 {
+        match tcp_socket(addr).and_then(|s| s.listen(1024).map_err(Error::from)) {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Err(Error::Serve(format!(
+        "listening on TCP {addr}: {}",
+        last.map_or_else(String::new, |e| e.to_string())
+    )))
 }
 
 pub(crate) type Sessions = Arc<Mutex<Vec<std::sync::Weak<Shared>>>>;
@@ -305,7 +514,8 @@ pub struct ServingHandle {
 }
 
 impl ServingHandle {
-    /// The TCP address served (the RDMA listener uses the same port).
+    /// The TCP address served (the RDMA listener uses the same port, except
+    /// on iWARP: see [`rdma_addr`](Self::rdma_addr)).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
     }
@@ -397,8 +607,40 @@ impl MemoryServer {
     }
 }
 
+/// What serves the calls of message connections: the routes, or the routes
+/// inside the user's layers.
+#[derive(Clone)]
+enum CallService {
+    Routes(Routes),
+    Layered(HttpService),
+}
+
+impl CallService {
+    async fn call(&mut self, req: http::Request<Body>) -> http::Response<Body> {
+        match self {
+            CallService::Routes(routes) => {
+                match ServiceExt::<http::Request<Body>>::ready(routes).await {
+                    Ok(svc) => match svc.call(req).await {
+                        Ok(r) => r,
+                        Err(never) => match never {},
+                    },
+                    Err(never) => match never {},
+                }
+            }
+            // A layer's error is the call's status, as tonic's server reports it.
+            CallService::Layered(svc) => match svc.ready().await {
+                Ok(svc) => match svc.call(req).await {
+                    Ok(r) => r,
+                    Err(e) => Status::from_error(e).into_http(),
+                },
+                Err(e) => Status::from_error(e).into_http(),
+            },
+        }
+    }
+}
+
 /// Runs one call: the service, its deadline, and the response back to the peer.
-async fn handle_call(mut routes: Routes, shared: Arc<Shared>, call: OpenCall) {
+async fn handle_call(mut routes: CallService, shared: Arc<Shared>, call: OpenCall) {
     let OpenCall {
         stream,
         path,
@@ -438,13 +680,7 @@ async fn handle_call(mut routes: Routes, shared: Arc<Shared>, call: OpenCall) {
     req.extensions_mut().insert(shared.info.clone());
 
     let work = async {
-        let resp = match ServiceExt::<http::Request<Body>>::ready(&mut routes).await {
-            Ok(svc) => match svc.call(req).await {
-                Ok(r) => r,
-                Err(never) => match never {},
-            },
-            Err(never) => match never {},
-        };
+        let resp = routes.call(req).await;
         let (parts, mut body) = resp.into_parts();
         let mut headers = parts.headers;
         headers.remove(http::header::CONTENT_LENGTH);
@@ -556,6 +792,16 @@ fn send_metadata(shared: &Shared, stream: u32, kind: u8, md: &http::HeaderMap) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_is_builder() {
+        // `Server::default()` used to leave TCP_NODELAY off, unlike `builder()`.
+        assert_eq!(
+            format!("{:?}", Server::default()),
+            format!("{:?}", Server::builder())
+        );
+        assert!(Server::default().tcp_nodelay);
+    }
 
     #[test]
     fn concurrency_limit_is_converted_once_and_never_truncated() {

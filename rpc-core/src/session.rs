@@ -1,10 +1,14 @@
 //! One multiplexed call-protocol connection (`docs/wire-protocol.md` part 1).
 //!
-//! A [`Session`] owns two tasks per connection: a *writer* that drains one
-//! queue of encoded frames into the [`FrameSender`], and a *reader* that
-//! decodes frames and dispatches them to per-call queues. The reader never
-//! waits on an application: per-call queues are bounded by the receive window
-//! granted to the peer (§1.4), so a slow call cannot stall the others.
+//! A session runs two tasks per connection: a *reader* that decodes frames and
+//! dispatches them to per-call queues, and a *writer* that sends the frames
+//! the calls could not send themselves (see [`outbox`]: a call that ends its
+//! side sends its frames from its own task while the connection is not
+//! back-pressured). The reader never waits on an application: per-call queues
+//! are bounded by the receive window granted to the peer (§1.4), so a slow
+//! call cannot stall the others.
+
+mod outbox;
 
 use crate::conn::{Connection, FrameReceiver, FrameSender};
 use crate::frame::{self, DecodeLimits, Frame, Hello};
@@ -12,6 +16,7 @@ use crate::window::SendWindow;
 use crate::{ConnInfo, PeerMisbehaved, SessionConfig};
 use bytes::Bytes;
 use http::HeaderMap;
+use outbox::{Outbox, Pushed};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,7 +121,7 @@ pub(crate) struct Shared {
     pub(crate) peer: Hello,
     /// Largest DATA payload per frame.
     pub(crate) max_data: usize,
-    out: mpsc::UnboundedSender<(Bytes, u32)>,
+    outbox: Outbox,
     out_budget: Arc<Semaphore>,
     /// Connection-level send window granted by the peer (§1.4).
     conn_window: SendWindow,
@@ -233,7 +238,13 @@ pub(crate) async fn start<C: Connection>(
         .saturating_sub(frame::HEADER_LEN)
         .min(config.max_data_frame)
         .max(1);
-    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    // Frames queued together leave as one BATCH message when both sides
+    // support it (§1.7): a unary call then costs one message each way.
+    let batch_max = if peer.features & frame::FEATURE_BATCH != 0 {
+        config.max_batch_bytes.min(tx.max_frame_len())
+    } else {
+        0
+    };
     let permits = peer.max_concurrent_calls.clamp(1, 1 << 20) as usize;
     let conn_recv_window = i64::from(config.connection_window);
     let shared = Arc::new(Shared {
@@ -241,7 +252,7 @@ pub(crate) async fn start<C: Connection>(
         config,
         peer,
         max_data,
-        out: out_tx,
+        outbox: Outbox::new(tx, batch_max),
         out_budget: Arc::new(Semaphore::new(OUT_QUEUE_BYTES)),
         conn_window: SendWindow::new(peer.connection_window),
         call_permits: Arc::new(Semaphore::new(permits)),
@@ -254,70 +265,19 @@ pub(crate) async fn start<C: Connection>(
         shutdown: Notify::new(),
         shut: AtomicBool::new(false),
     });
-    tokio::spawn(writer(tx, out_rx, shared.clone()));
+    tokio::spawn(writer(shared.clone()));
     tokio::spawn(reader(rx, shared.clone(), acceptor));
     Ok(shared)
 }
 
-async fn writer<S: FrameSender>(
-    mut tx: S,
-    mut out: mpsc::UnboundedReceiver<(Bytes, u32)>,
-    shared: Arc<Shared>,
-) {
-    // Frames queued together leave as one BATCH message when both sides
-    // support it (§1.7): a unary call then costs one message each way.
-    let batch_max = if shared.peer.features & frame::FEATURE_BATCH != 0 {
-        shared.config.max_batch_bytes.min(tx.max_frame_len())
-    } else {
-        0
-    };
-    let mut carry: Option<(Bytes, u32)> = None;
-    let mut parts: Vec<Bytes> = Vec::new();
-    loop {
-        let item = match carry.take() {
-            Some(i) => Some(i),
-            None => tokio::select! {
-                biased;
-                item = out.recv() => item,
-                _ = shared.shutdown.notified() => None,
-            },
-        };
-        let Some((first, mut budget)) = item else {
-            break;
-        };
-        let mut size = frame::HEADER_LEN + 4 + first.len();
-        if size <= batch_max {
-            while let Ok((f, b)) = out.try_recv() {
-                if size + 4 + f.len() > batch_max {
-                    carry = Some((f, b));
-                    break;
-                }
-                size += 4 + f.len();
-                budget += b;
-                parts.push(f);
-            }
-        }
-        let msg = if parts.is_empty() {
-            first
-        } else {
-            parts.insert(0, first);
-            let m = frame::encode_batch(&parts);
-            parts.clear();
-            m
-        };
-        let r = tx.send(msg).await;
-        if budget > 0 {
-            shared.out_budget.add_permits(budget as usize);
-        }
-        if let Err(e) = r {
-            shared.fail(io_status("lost the", &shared.info, &e));
-            break;
-        }
-        if shared.shut.load(Ordering::Acquire) && out.is_empty() && carry.is_none() {
-            break;
-        }
-    }
-    tx.close().await;
+/// Sends what the calls queued (see [`outbox`]) until the session ends, then
+/// closes the connection.
+async fn writer(shared: Arc<Shared>) {
+    let on_sent = |budget: u32, r: &io::Result<()>| shared.sent(budget, r);
+    shared
+        .outbox
+        .run_writer(|| shared.shut.load(Ordering::Acquire), on_sent)
+        .await;
 }
 
 async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Option<Acceptor>) {
@@ -378,13 +338,45 @@ impl Shared {
         misbehaved_status(&e)
     }
 
-    /// Queues a control frame (not subject to the DATA budget).
+    /// Sends a control frame (not subject to the DATA budget). OPEN and
+    /// HEADERS wait for the frame that usually follows them (see [`outbox`]);
+    /// the others are sent from this task when the connection takes them.
+    ///
+    /// Called with the state lock held only for a frame that is not flushed (OPEN).
     pub(crate) fn send_ctrl(&self, frame: Bytes) {
-        let _ = self.out.send((frame, 0));
+        let flush = !matches!(
+            frame.first(),
+            Some(&frame::kind::OPEN | &frame::kind::HEADERS)
+        );
+        let _ = self.push(frame, 0, flush);
     }
 
-    /// Queues a DATA frame after taking its bytes from the queue budget.
-    async fn send_data(&self, frame: Bytes, n: usize) -> Result<(), Status> {
+    /// Hands a frame to the outbox; false once the connection is closed.
+    fn push(&self, frame: Bytes, budget: u32, flush: bool) -> bool {
+        match self.outbox.push(frame, budget, flush) {
+            Pushed::Queued => true,
+            Pushed::Sent(sent) => {
+                self.sent(sent.budget, &sent.result);
+                true
+            }
+            Pushed::Closed => false,
+        }
+    }
+
+    /// Frames holding `budget` DATA bytes left (or failed to): give the
+    /// budget back; a send error is final for the connection.
+    fn sent(&self, budget: u32, r: &io::Result<()>) {
+        if budget > 0 {
+            self.out_budget.add_permits(budget as usize);
+        }
+        if let Err(e) = r {
+            self.fail(io_status("lost the", &self.info, e));
+        }
+    }
+
+    /// Queues a DATA frame after taking its bytes from the queue budget;
+    /// `last` (END_STREAM) sends it, with what is queued, from this task.
+    async fn send_data(&self, frame: Bytes, n: usize, last: bool) -> Result<(), Status> {
         let n32 = n.min(OUT_QUEUE_BYTES) as u32;
         if n32 > 0 {
             self.out_budget
@@ -393,9 +385,11 @@ impl Shared {
                 .map_err(|_| Status::unavailable("connection closed"))?
                 .forget();
         }
-        self.out
-            .send((frame, n32))
-            .map_err(|_| self.closed_status())
+        if self.push(frame, n32, last) {
+            Ok(())
+        } else {
+            Err(self.closed_status())
+        }
     }
 
     pub(crate) fn closed_status(&self) -> Status {
@@ -427,6 +421,7 @@ impl Shared {
         self.out_budget.close();
         self.conn_window.close(status.clone());
         self.shut.store(true, Ordering::Release);
+        self.outbox.wake_writer();
         self.shutdown.notify_waiters();
         self.changed.notify_waiters();
     }
@@ -475,7 +470,7 @@ impl Shared {
     pub(crate) fn finish_stream(&self, id: u32) {
         let mut s = lock(&self.state);
         if let Some(e) = s.streams.remove(&id) {
-            e.window.close(Status::cancelled("call finished"));
+            e.window.finish();
         }
         if s.streams.is_empty() {
             drop(s);
@@ -513,7 +508,9 @@ impl Shared {
     ) -> Result<(), Status> {
         if data.is_empty() {
             if end_stream {
-                return self.send_data(frame::encode_data(id, &[], true), 0).await;
+                return self
+                    .send_data(frame::encode_data(id, &[], true), 0, true)
+                    .await;
             }
             return Ok(());
         }
@@ -529,7 +526,7 @@ impl Shared {
             let n = k;
             let chunk = data.split_to(n);
             let last = end_stream && data.is_empty();
-            self.send_data(frame::encode_data(id, &chunk, last), n)
+            self.send_data(frame::encode_data(id, &chunk, last), n, last)
                 .await?;
         }
         Ok(())
@@ -786,7 +783,7 @@ impl Shared {
         if let Some((inbound, window)) = target {
             let _ = inbound.send(msg);
             if let Some(w) = window {
-                w.close(Status::cancelled("call finished"));
+                w.finish();
             }
         }
         if empty {

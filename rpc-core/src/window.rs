@@ -14,7 +14,27 @@ pub const MAX_WINDOW: i64 = (1 << 31) - 1;
 #[derive(Debug)]
 struct State {
     avail: i64,
-    closed: Option<Status>,
+    closed: Closed,
+}
+
+/// Why a window no longer takes reservations.
+#[derive(Debug)]
+enum Closed {
+    Open,
+    /// The call ended normally: its status is built only if someone asks
+    /// (a normal end costs no allocation).
+    Finished,
+    Failed(Status),
+}
+
+impl Closed {
+    fn status(&self) -> Option<Status> {
+        match self {
+            Closed::Open => None,
+            Closed::Finished => Some(Status::cancelled("call finished")),
+            Closed::Failed(s) => Some(s.clone()),
+        }
+    }
 }
 
 /// Bytes of DATA the local side may still send on one call.
@@ -29,7 +49,7 @@ impl SendWindow {
         SendWindow {
             state: Mutex::new(State {
                 avail: i64::from(initial),
-                closed: None,
+                closed: Closed::Open,
             }),
             notify: Notify::new(),
         }
@@ -42,8 +62,8 @@ impl SendWindow {
             let notified = self.notify.notified();
             {
                 let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(st) = &s.closed {
-                    return Err(st.clone());
+                if let Some(st) = s.closed.status() {
+                    return Err(st);
                 }
                 if want == 0 {
                     return Ok(0);
@@ -78,9 +98,19 @@ impl SendWindow {
 
     /// Closes the window: pending and future `reserve` calls fail with `status`.
     pub(crate) fn close(&self, status: Status) {
+        self.close_with(Closed::Failed(status));
+    }
+
+    /// Closes the window of a call that ended normally: `reserve` fails with
+    /// CANCELLED "call finished".
+    pub(crate) fn finish(&self) {
+        self.close_with(Closed::Finished);
+    }
+
+    fn close_with(&self, closed: Closed) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if s.closed.is_none() {
-            s.closed = Some(status);
+        if matches!(s.closed, Closed::Open) {
+            s.closed = closed;
         }
         drop(s);
         self.notify.notify_waiters();
@@ -92,7 +122,7 @@ impl SendWindow {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .closed
-            .clone()
+            .status()
     }
 
     /// Waits until the window is closed.
@@ -133,6 +163,18 @@ mod tests {
         tokio::task::yield_now().await;
         w.close(Status::cancelled("gone"));
         assert_eq!(t.await.unwrap().unwrap_err().code(), tonic::Code::Cancelled);
+        // The first close wins; a finished window says so.
+        w.finish();
+        assert_eq!(w.closed().unwrap().message(), "gone");
+        let f = SendWindow::new(10);
+        assert!(f.closed().is_none());
+        f.finish();
+        f.close(Status::internal("later"));
+        let st = f.reserve(1).await.unwrap_err();
+        assert_eq!(
+            (st.code(), st.message()),
+            (tonic::Code::Cancelled, "call finished")
+        );
         let w = SendWindow::new(u32::MAX >> 1);
         assert_eq!(
             w.grant(7, 10),

@@ -9,9 +9,9 @@
 //! `rdma-transport/tests/hostile.rs`.
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
+use rpc_core::__private::frame::{self, DecodeLimits, Frame, FrameError, Hello};
+use rpc_core::__private::{RdmaConnection, RdmaReceiver, RdmaSender};
 use rpc_core::conn::{mem, Connection, FrameReceiver, FrameSender};
-use rpc_core::frame::{self, DecodeLimits, Frame, FrameError, Hello};
-use rpc_core::rdma::{RdmaConnection, RdmaReceiver, RdmaSender};
 use rpc_core::{ConnInfo, PeerMisbehaved, Router, TransportKind};
 use rpc_examples::pb::echo::{echo_client::EchoClient, EchoRequest};
 use std::sync::Arc;
@@ -117,7 +117,7 @@ impl Harness {
                 )
                 .await
                 .expect("RDMA connection to the server");
-                let (tx, rx) = RdmaConnection(c).split();
+                let (tx, rx) = RdmaConnection::new(c).split();
                 Link::Rdma(tx, rx)
             }
         };
@@ -556,11 +556,11 @@ async fn an_oversized_rdma_message_closes_the_connection() {
             .await
             .expect("raw RDMA connection to the server");
         let sh = p.peer_hello();
-        assert_eq!(sh.max_message, rpc_core::rdma::MAX_RDMA_FRAME as u64);
+        assert_eq!(sh.max_message, rpc_core::MAX_RDMA_FRAME as u64);
         assert!(p.send_header(Kind::Credit, |_| {}).await.unwrap().ok());
         let st = p.write(&[7; 4096], sh.rdv_addr, sh.rdv_rkey).await.unwrap();
         assert!(st.ok(), "{st:?}");
-        let total = rpc_core::rdma::MAX_RDMA_FRAME as u64 + 1;
+        let total = rpc_core::MAX_RDMA_FRAME as u64 + 1;
         let _ = p
             .send_header(Kind::Chunk, |c| {
                 c.rdv_index = 0;

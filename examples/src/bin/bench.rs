@@ -8,6 +8,11 @@
 //! request bytes; `--echo-both-ways` echoes the payload back instead.
 //! Client and server run in this one process: CPU time (time on CPU of all
 //! threads, /proc/self/task/*/schedstat) and context switches are client+server.
+//! So are heap allocations per call: a counting `#[global_allocator]` (a thin
+//! wrapper around the system allocator) counts every allocation and its bytes
+//! made during the timed phase, except the bench's own bookkeeping (the
+//! request clone before each call, histograms, worker spawns), which runs with
+//! counting paused on its thread.
 //!
 //! ```text
 //! bench --paths rdma,tcp-fallback,tonic-tcp --duration-ms 1000 --markdown out.md
@@ -22,6 +27,8 @@ use rpc_core::{Channel, Server, Transport};
 use rpc_examples::echo::EchoService;
 use rpc_examples::pb::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoRequest};
 use serde::Serialize;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,6 +36,84 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The system allocator, counting allocations (alloc, alloc_zeroed and
+/// realloc: each may hand out a new block) and the bytes asked for, process-wide,
+/// unless the allocating thread has paused counting ([`Uncounted`]).
+struct CountingAlloc;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static ALLOC_BYTES: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Counting paused on this thread (the bench's own bookkeeping).
+    /// Const-initialised and without drop glue: usable from the allocator.
+    static PAUSED: Cell<bool> = const { Cell::new(false) };
+}
+
+#[inline]
+fn count_alloc(bytes: usize) {
+    // `try_with`: during thread teardown the slot may be gone; count then.
+    if !PAUSED.try_with(Cell::get).unwrap_or(false) {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        ALLOC_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+}
+
+// This is the bench binary's only `unsafe`, in the same form as the
+// reliability suite's counting allocator (tests/reliability/common.rs):
+// implementing `GlobalAlloc` cannot be done without it.
+// SAFETY: every method forwards its arguments unchanged to `System`, which
+// upholds `GlobalAlloc`'s contract; the counters are plain atomics and the
+// thread-local flag neither allocates nor runs a destructor.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_alloc(layout.size());
+        // SAFETY: our caller upholds `alloc`'s contract, which we pass on as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_alloc(layout.size());
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System` through this allocator, with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_alloc(new_size);
+        // SAFETY: `ptr` came from `System` through this allocator, with `layout`;
+        // the caller upholds `realloc`'s contract for `new_size`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// Allocations and bytes so far (process-wide).
+fn alloc_counts() -> (u64, u64) {
+    (
+        ALLOCS.load(Ordering::Relaxed),
+        ALLOC_BYTES.load(Ordering::Relaxed),
+    )
+}
+
+/// Pauses allocation counting on this thread while alive.
+struct Uncounted(bool);
+
+impl Uncounted {
+    fn new() -> Self {
+        Uncounted(PAUSED.with(|p| p.replace(true)))
+    }
+}
+
+impl Drop for Uncounted {
+    fn drop(&mut self) {
+        PAUSED.with(|p| p.set(self.0));
+    }
+}
 
 /// Codec limit on both sides (16 MiB payloads plus framing).
 const MAX_MSG: usize = 64 << 20;
@@ -140,6 +225,9 @@ struct Args {
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Run client and server on one `current_thread` runtime instead.
+    #[arg(long, conflicts_with = "threads")]
+    current_thread: bool,
     /// Also write the tables (markdown) to this file.
     #[arg(long)]
     markdown: Option<PathBuf>,
@@ -259,6 +347,11 @@ struct CellResult {
     cpu_us_per_call: f64,
     /// Voluntary + involuntary context switches per call (whole process).
     ctx_switches_per_call: f64,
+    /// Heap allocations per call (alloc, alloc_zeroed, realloc), client+server,
+    /// the bench's own bookkeeping excluded.
+    allocs_per_call: f64,
+    /// Bytes asked for by those allocations, per call.
+    alloc_bytes_per_call: f64,
     rdma: Option<RdmaPerCall>,
     error: Option<String>,
 }
@@ -295,12 +388,16 @@ async fn drive(
     let tickets = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + budget.duration;
     let mut tasks = tokio::task::JoinSet::new();
+    let spawning = Uncounted::new();
     for w in 0..inflight {
         let mut client = client.clone();
         let base = base.clone();
         let tickets = tickets.clone();
         tasks.spawn(async move {
-            let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap();
+            let mut h = {
+                let _bookkeeping = Uncounted::new();
+                Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap()
+            };
             let mut first = true;
             loop {
                 match budget.calls {
@@ -316,7 +413,11 @@ async fn drive(
                     }
                 }
                 first = false;
-                let req = (*base).clone(); // payload copy outside the timed call
+                // Payload copy outside the timed call, and not counted.
+                let req = {
+                    let _bookkeeping = Uncounted::new();
+                    (*base).clone()
+                };
                 let t = Instant::now();
                 let got = client
                     .call(req)
@@ -331,11 +432,15 @@ async fn drive(
             Ok::<_, String>(h)
         });
     }
+    drop(spawning);
     let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap();
     let mut err = None;
     while let Some(r) = tasks.join_next().await {
         match r {
-            Ok(Ok(h)) => all.add(&h).map_err(|e| e.to_string())?,
+            Ok(Ok(h)) => {
+                let _bookkeeping = Uncounted::new();
+                all.add(&h).map_err(|e| e.to_string())?
+            }
             Ok(Err(e)) => {
                 if err.is_none() {
                     err = Some(e);
@@ -378,6 +483,8 @@ async fn run_cell(
         bytes_per_s: 0.0,
         cpu_us_per_call: 0.0,
         ctx_switches_per_call: 0.0,
+        allocs_per_call: 0.0,
+        alloc_bytes_per_call: 0.0,
         rdma: None,
         error: None,
     };
@@ -430,9 +537,11 @@ async fn run_cell(
 
     let rdma0 = rdma_transport::global_stats();
     let u0 = usage();
+    let a0 = alloc_counts();
     let t0 = Instant::now();
     let r = drive(client, payload, inflight, echo, budget).await;
     let elapsed = t0.elapsed().as_secs_f64();
+    let a1 = alloc_counts();
     let u1 = usage();
     let rdma1 = rdma_transport::global_stats();
     match r {
@@ -452,6 +561,8 @@ async fn run_cell(
             result.bytes_per_s = result.calls_per_s * per_call_bytes as f64;
             result.cpu_us_per_call = (u1.cpu_us - u0.cpu_us) / nf;
             result.ctx_switches_per_call = (u1.csw - u0.csw) as f64 / nf;
+            result.allocs_per_call = a1.0.saturating_sub(a0.0) as f64 / nf;
+            result.alloc_bytes_per_call = a1.1.saturating_sub(a0.1) as f64 / nf;
             if path == PathKind::Rdma {
                 result.rdma = Some(rdma_delta(&rdma0, &rdma1, n));
             }
@@ -520,7 +631,7 @@ fn progress(r: &CellResult) {
                 );
             }
             eprintln!(
-                "{cell}: {} calls in {:.2} s, p50 {} p99 {} p99.9 {}, {} calls/s, {}, CPU {:.1} µs/call, {:.2} ctx sw/call{extra}",
+                "{cell}: {} calls in {:.2} s, p50 {} p99 {} p99.9 {}, {} calls/s, {}, CPU {:.1} µs/call, {:.2} ctx sw/call, {:.1} allocs/call ({}/call){extra}",
                 r.calls,
                 r.elapsed_s,
                 lat(r.p50_us),
@@ -529,9 +640,22 @@ fn progress(r: &CellResult) {
                 rate(r.calls_per_s),
                 bw(r.bytes_per_s),
                 r.cpu_us_per_call,
-                r.ctx_switches_per_call
+                r.ctx_switches_per_call,
+                r.allocs_per_call,
+                bytes(r.alloc_bytes_per_call)
             );
         }
+    }
+}
+
+/// Bytes per call, human-readable (B, KiB, MiB).
+fn bytes(b: f64) -> String {
+    if b >= (1 << 20) as f64 {
+        format!("{:.2} MiB", b / (1 << 20) as f64)
+    } else if b >= 10240.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{b:.0} B")
     }
 }
 
@@ -556,7 +680,8 @@ fn render(
     let _ = writeln!(
         out,
         "Unary echo; payload = request bytes, reply {}; client and server in one process \
-         (CPU = time on CPU of all threads per call, from /proc/self/task/*/schedstat, client+server; ctx sw = voluntary+involuntary context switches per call).\n",
+         (CPU = time on CPU of all threads per call, from /proc/self/task/*/schedstat, client+server; ctx sw = voluntary+involuntary context switches per call; \
+         allocs = heap allocations per call and the bytes they asked for, counting global allocator, client+server, the bench's own bookkeeping excluded).\n",
         if args.echo_both_ways {
             "echoes the payload (bandwidth counts both directions)"
         } else {
@@ -576,11 +701,11 @@ fn render(
     }
     let _ = writeln!(
         out,
-        "\n| payload | in flight | path | calls | p50 | p99 | p99.9 | calls/s | bandwidth | CPU/call | ctx sw/call |"
+        "\n| payload | in flight | path | calls | p50 | p99 | p99.9 | calls/s | bandwidth | CPU/call | ctx sw/call | allocs/call | alloc bytes/call |"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for &(payload, inflight) in cells {
         for i in infos.iter().filter(|i| i.skipped.is_none()) {
@@ -593,7 +718,7 @@ fn render(
             if let Some(e) = &r.error {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | failed: {} |||||||",
+                    "| {} | {} | {} | failed: {} |||||||||",
                     size(payload),
                     inflight,
                     r.path.name(),
@@ -603,7 +728,7 @@ fn render(
             }
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} µs | {:.2} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} µs | {:.2} | {:.1} | {} |",
                 size(payload),
                 inflight,
                 r.path.name(),
@@ -614,7 +739,9 @@ fn render(
                 rate(r.calls_per_s),
                 bw(r.bytes_per_s),
                 r.cpu_us_per_call,
-                r.ctx_switches_per_call
+                r.ctx_switches_per_call,
+                r.allocs_per_call,
+                bytes(r.alloc_bytes_per_call)
             );
         }
     }
@@ -704,9 +831,13 @@ fn render(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    let mut rt = if args.current_thread {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
     rt.enable_all();
-    if let Some(n) = args.threads {
+    if let (Some(n), false) = (args.threads, args.current_thread) {
         rt.worker_threads(n.max(1));
     }
     rt.build()?.block_on(run(args))

@@ -245,6 +245,9 @@ pub struct Engine {
     hold_returns: bool,
     keepalive_due: bool,
     peer_saw_close: bool,
+    /// A message from the peer was received (§2.3: ends the active side's
+    /// setup kicks).
+    heard: bool,
     // --- outputs ---
     actions: Vec<Action>,
     events: VecDeque<Event>,
@@ -288,6 +291,7 @@ impl Engine {
             hold_returns: false,
             keepalive_due: false,
             peer_saw_close: false,
+            heard: false,
             actions: Vec::new(),
             events: VecDeque::new(),
             counters: EngineCounters::default(),
@@ -311,6 +315,12 @@ impl Engine {
     /// Active side (§2.3): send a CREDIT message as the first message.
     pub fn send_initial_credit(&mut self) {
         self.force_credit = true;
+    }
+
+    /// Whether a message from the peer has been received (§2.3 step 6: the
+    /// active side kicks until it has).
+    pub fn heard_from_peer(&self) -> bool {
+        self.heard
     }
 
     /// Keepalive (§4.4): queue a zero-length RDMA WRITE to the peer, so an
@@ -480,7 +490,14 @@ impl Engine {
                 slot: self.cfg.recv_slot_bytes,
             });
         }
-        self.wait_first_recv = false;
+        if self.wait_first_recv {
+            // §2.3 step 6: P answers A's first message at once (a CREDIT
+            // message if nothing else goes out first), which tells A that
+            // its messages are being read.
+            self.force_credit = true;
+            self.wait_first_recv = false;
+        }
+        self.heard = true;
         let data = &bufs.recv_slot(slot)[..len];
         let h = Header::decode(data).map_err(EngineError::Protocol)?;
         // §4.2: credits returned by the peer (u64: no overflow whatever it sends).

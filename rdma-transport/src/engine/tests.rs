@@ -1038,3 +1038,39 @@ proptest! {
         run_pair(pa, pb, &a_msgs, &b_msgs, seed);
     }
 }
+
+/// §2.3 step 6: P sends nothing before A's first message, then answers it at
+/// once with a CREDIT message even though nothing else is due; A's engine
+/// notes it heard from P (which ends its setup kicks, `conn.rs`).
+#[test]
+fn the_passive_side_answers_the_first_message_at_once() {
+    let p = P::small();
+    let mut a = Side::new(&p, &p);
+    let mut b = Side::new(&p, &p);
+    b.e.set_wait_first_recv();
+    a.e.send_initial_credit();
+    b.process(0);
+    assert!(b.wire.is_empty(), "P sent before A's first message");
+    a.process(0);
+    assert!(!a.e.heard_from_peer());
+    assert!(deliver(&mut a, &mut b), "A's first message");
+    b.process(8);
+    let answers: Vec<Kind> = b
+        .wire
+        .iter()
+        .map(|o| match o {
+            Op::Send { slot, .. } => {
+                let at = *slot as usize * b.mem.slot;
+                Header::decode(&b.mem.send[at..at + HDR_LEN]).unwrap().kind
+            }
+            Op::Write { .. } => panic!("P wrote before answering"),
+        })
+        .collect();
+    assert_eq!(answers, [Kind::Credit], "P's answer to A's first message");
+    assert!(deliver(&mut b, &mut a));
+    a.process(8);
+    assert!(a.e.heard_from_peer());
+    // The answer is a one-off: nothing more goes out on either side.
+    b.process(8);
+    assert!(a.wire.is_empty() && b.wire.is_empty());
+}

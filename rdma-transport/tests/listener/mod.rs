@@ -251,6 +251,18 @@ async fn one_address_cannot_take_every_connection() {
     let Some(ip) = device_ip(name) else {
         return;
     };
+    if iwarp() {
+        // Seen in 4 of 4 siw runs in the VM: after a few dozen CQs were
+        // created and destroyed in quick succession, siw fails
+        // `ibv_create_cq` (EAGAIN, EINVAL) in the flooder, in the listener's
+        // handshakes and in the well-behaved client alike, even with one
+        // attempt at a time; what fails is then the device, not the limit.
+        println!(
+            "SKIP {name}: siw fails ibv_create_cq (EAGAIN/EINVAL) under a connection flood \
+             from one process, whoever creates the CQ; RoCE runs it"
+        );
+        return;
+    }
     let Some(other) = second_ip(ip) else {
         assert!(
             !required(),
@@ -259,7 +271,7 @@ async fn one_address_cannot_take_every_connection() {
         println!("SKIP {name}: no second local RDMA address (set RDMA_TEST_SECOND_IP)");
         return;
     };
-    let transport = if iwarp() { "iWARP (siw)" } else { "RoCE (rxe)" };
+    let transport = "RoCE (rxe)";
     within(300, name, async {
         // Room for 24 listener-side connections (5 MiB each) under the
         // process-wide cap, and at most 12 from one address.
@@ -290,7 +302,12 @@ async fn one_address_cannot_take_every_connection() {
             held.len(),
             refused.last()
         );
-        assert!(held.len() >= 20, "{} connections", held.len());
+        assert!(
+            held.len() >= 20,
+            "{} connections; the listener's errors: {:?}",
+            held.len(),
+            control.rejected.lock().unwrap()
+        );
         assert!(
             matches!(&e, Error::Rejected { reason, .. } if reason.contains("resources")),
             "{e:?}"
@@ -352,10 +369,7 @@ async fn one_address_cannot_take_every_connection() {
         );
         assert_eq!(held.len(), 12, "max_connections_per_address");
         assert_eq!(refused.len(), 500 - 12);
-        // Every refusal by the listener names the limit. On siw some
-        // attempts of this 8-at-a-time flood fail in the flooder's own
-        // device first (`ibv_create_cq` EAGAIN/EINVAL under this churn):
-        // counted apart; there must be none on RoCE.
+        // Every refusal is the listener's, naming the limit.
         let (by_listener, local): (Vec<_>, Vec<_>) = refused
             .iter()
             .partition(|e| matches!(e, Error::Rejected { .. }));
@@ -371,7 +385,7 @@ async fn one_address_cannot_take_every_connection() {
             local.len(),
             local.first()
         );
-        assert!(iwarp() || local.is_empty(), "{local:?}");
+        assert!(local.is_empty(), "{local:?}");
         assert!(by_listener.len() >= 250, "{} refusals", by_listener.len());
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(

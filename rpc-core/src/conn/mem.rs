@@ -56,26 +56,47 @@ impl FrameSender for MemSender {
 
     async fn send(&mut self, frame: Bytes) -> io::Result<()> {
         if frame.len() > MEM_MAX_FRAME_LEN {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("frame of {} bytes exceeds {MEM_MAX_FRAME_LEN}", frame.len()),
-            ));
+            return Err(too_large(frame.len()));
         }
-        let tx = self
-            .0
-            .as_ref()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "connection closed"))?;
-        tx.send(frame).await.map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "peer dropped the connection",
-            )
-        })
+        let tx = self.0.as_ref().ok_or_else(not_connected)?;
+        tx.send(frame).await.map_err(|_| peer_gone())
+    }
+
+    fn try_send(&mut self, frame: Bytes) -> Result<io::Result<()>, Bytes> {
+        if frame.len() > MEM_MAX_FRAME_LEN {
+            return Ok(Err(too_large(frame.len())));
+        }
+        let Some(tx) = self.0.as_ref() else {
+            return Ok(Err(not_connected()));
+        };
+        match tx.try_send(frame) {
+            Ok(()) => Ok(Ok(())),
+            Err(mpsc::error::TrySendError::Full(f)) => Err(f),
+            Err(mpsc::error::TrySendError::Closed(_)) => Ok(Err(peer_gone())),
+        }
     }
 
     async fn close(&mut self) {
         self.0 = None;
     }
+}
+
+fn too_large(len: usize) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("frame of {len} bytes exceeds {MEM_MAX_FRAME_LEN}"),
+    )
+}
+
+fn not_connected() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "connection closed")
+}
+
+fn peer_gone() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        "peer dropped the connection",
+    )
 }
 
 impl FrameReceiver for MemReceiver {

@@ -36,7 +36,23 @@ pub trait FrameSender: Send + 'static {
     /// Sends one frame. Resolves once the transport has taken the frame (it may
     /// still be in flight); waits while the peer has no room for it.
     /// Errors are final: the connection is unusable afterwards.
+    ///
+    /// Must be cancel-safe: a `send` future dropped before it resolved did
+    /// not send its frame (the default [`try_send`](Self::try_send) relies on it).
     fn send(&mut self, frame: Bytes) -> impl Future<Output = io::Result<()>> + Send;
+
+    /// Sends one frame if the transport takes it without waiting; gives it
+    /// back (`Err`) when `send` would wait (back-pressure). The session calls
+    /// it from the task that made the frame, so that an unloaded connection
+    /// needs no hop through its writer task. The default polls [`send`](Self::send)
+    /// once (on a clone of the frame, a reference-count increment).
+    fn try_send(&mut self, frame: Bytes) -> Result<io::Result<()>, Bytes> {
+        use futures::FutureExt;
+        match self.send(frame.clone()).now_or_never() {
+            Some(r) => Ok(r),
+            None => Err(frame),
+        }
+    }
 
     /// Closes the connection after the frames already sent. Idempotent.
     fn close(&mut self) -> impl Future<Output = ()> + Send;

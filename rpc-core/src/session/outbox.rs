@@ -1,0 +1,371 @@
+//! A session's outgoing frames: sent by the task that makes them when it can,
+//! queued for the session's writer task when it cannot.
+//!
+//! Frames leave in the order they were pushed (`docs/wire-protocol.md` §1.3
+//! needs OPENs in id order, §1.4 DATA before its call's end). The
+//! connection's [`FrameSender`](crate::conn::FrameSender) sits *idle* in the
+//! outbox while nobody is sending; the writer task takes it out while it
+//! awaits a back-pressured send and puts it back afterwards. A pushed frame
+//! goes out:
+//!
+//! * *directly*, from the pushing task, when it asked for a flush, nothing
+//!   else is queued and the sender is idle and not back-pressured (its
+//!   [`try_send`](crate::conn::FrameSender::try_send) takes the frame): no task
+//!   hop. The frames queued before it leave with it, as one BATCH message
+//!   (§1.7) when the peer supports it;
+//! * otherwise through the queue: the writer task is woken and sends it.
+//!
+//! Frames that a flush usually follows at once (OPEN before a unary
+//! request's DATA, response HEADERS and DATA before the TRAILERS) are pushed
+//! without a flush: the writer is woken for them as a backstop, but the task
+//! that ends the call usually sends them first, all in one message.
+
+use crate::conn::FrameSender;
+use crate::frame;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use std::collections::VecDeque;
+use std::io;
+use std::sync::Mutex;
+use tokio::sync::Notify;
+
+/// A [`FrameSender`] behind a pointer, so [`Outbox`] needs no type parameter.
+trait ErasedSender: Send {
+    fn try_send(&mut self, frame: Bytes) -> Result<io::Result<()>, Bytes>;
+    fn send(&mut self, frame: Bytes) -> BoxFuture<'_, io::Result<()>>;
+    fn close(&mut self) -> BoxFuture<'_, ()>;
+}
+
+impl<S: FrameSender> ErasedSender for S {
+    fn try_send(&mut self, frame: Bytes) -> Result<io::Result<()>, Bytes> {
+        FrameSender::try_send(self, frame)
+    }
+    fn send(&mut self, frame: Bytes) -> BoxFuture<'_, io::Result<()>> {
+        Box::pin(FrameSender::send(self, frame))
+    }
+    fn close(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(FrameSender::close(self))
+    }
+}
+
+/// One queued connection message and the DATA budget it holds.
+struct Out {
+    msg: Bytes,
+    budget: u32,
+}
+
+struct Inner {
+    queue: VecDeque<Out>,
+    /// The sender while nobody uses it; `None` while the writer awaits a send
+    /// and after it closed the connection.
+    idle: Option<Box<dyn ErasedSender>>,
+    /// Set once the writer ended: nothing is sent any more.
+    done: bool,
+}
+
+/// What became of a pushed frame.
+pub(super) enum Pushed {
+    /// Waits in the queue for the writer (or a later flush).
+    Queued,
+    /// This task sent the queue, the frame included, or tried to.
+    Sent(Sent),
+    /// The writer ended: the connection is closed, the frame dropped.
+    Closed,
+}
+
+/// What a direct send did.
+pub(super) struct Sent {
+    /// DATA budget of the frames that left (to give back to the session).
+    pub(super) budget: u32,
+    /// The sender's error, final for the connection.
+    pub(super) result: io::Result<()>,
+}
+
+/// The outgoing side of one session (see the module docs).
+pub(super) struct Outbox {
+    inner: Mutex<Inner>,
+    /// Wakes the writer: frames were queued, or the session is shutting down.
+    wake: Notify,
+    /// Largest BATCH message, 0 when the peer does not take BATCH (§1.7).
+    batch_max: usize,
+}
+
+impl Outbox {
+    pub(super) fn new<S: FrameSender>(tx: S, batch_max: usize) -> Outbox {
+        Outbox {
+            inner: Mutex::new(Inner {
+                queue: VecDeque::new(),
+                idle: Some(Box::new(tx)),
+                done: false,
+            }),
+            wake: Notify::new(),
+            batch_max,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `frame` (holding `budget` DATA bytes); with `flush`, sends the
+    /// queue from this task if the sender is idle and takes it without
+    /// waiting.
+    pub(super) fn push(&self, frame: Bytes, budget: u32, flush: bool) -> Pushed {
+        let mut inner = self.lock();
+        if inner.done {
+            return Pushed::Closed;
+        }
+        inner.queue.push_back(Out { msg: frame, budget });
+        let sent = if flush { self.flush(&mut inner) } else { None };
+        let queued = !inner.queue.is_empty();
+        drop(inner);
+        if queued {
+            self.wake.notify_one();
+        }
+        sent.map_or(Pushed::Queued, Pushed::Sent)
+    }
+
+    /// Sends queued messages while the idle sender takes them at once.
+    fn flush(&self, inner: &mut Inner) -> Option<Sent> {
+        let mut tx = inner.idle.take()?;
+        let mut total = 0u32;
+        let mut result = Ok(());
+        while !inner.queue.is_empty() {
+            let Out { msg, budget } = take_message(&mut inner.queue, self.batch_max);
+            match tx.try_send(msg) {
+                Ok(r) => {
+                    total = total.saturating_add(budget);
+                    if r.is_err() {
+                        result = r;
+                        break;
+                    }
+                }
+                Err(msg) => {
+                    // Back-pressured: the writer waits for room. The message
+                    // may already be a BATCH; `take_message` never nests it.
+                    inner.queue.push_front(Out { msg, budget });
+                    break;
+                }
+            }
+        }
+        inner.idle = Some(tx);
+        Some(Sent {
+            budget: total,
+            result,
+        })
+    }
+
+    /// Wakes the writer (shutdown: it sends what is queued, then closes).
+    pub(super) fn wake_writer(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The writer task's loop: sends what the pushing tasks could not, until
+    /// `shut()` says the session ended and the queue is empty; then closes
+    /// the connection. `on_sent` gets each message's budget and result; an
+    /// error ends the loop.
+    pub(super) async fn run_writer(
+        &self,
+        shut: impl Fn() -> bool,
+        on_sent: impl Fn(u32, &io::Result<()>),
+    ) {
+        loop {
+            let next = {
+                let mut inner = self.lock();
+                if inner.queue.is_empty() {
+                    None
+                } else {
+                    // Only the writer keeps the sender across an await, so
+                    // it is idle here unless the connection was closed.
+                    let tx = inner.idle.take();
+                    tx.map(|tx| (tx, take_message(&mut inner.queue, self.batch_max)))
+                }
+            };
+            let Some((mut tx, out)) = next else {
+                if shut() {
+                    break;
+                }
+                self.wake.notified().await;
+                continue;
+            };
+            let r = tx.send(out.msg).await;
+            on_sent(out.budget, &r);
+            self.lock().idle = Some(tx);
+            if r.is_err() {
+                break;
+            }
+        }
+        let tx = {
+            let mut inner = self.lock();
+            inner.done = true;
+            inner.queue.clear();
+            inner.idle.take()
+        };
+        if let Some(mut tx) = tx {
+            tx.close().await;
+        }
+    }
+}
+
+/// Pops the next connection message: the first queued frame, with the frames
+/// after it in one BATCH while they fit in `batch_max` (§1.7). A message that
+/// is already a BATCH (put back after back-pressure) leaves alone.
+fn take_message(queue: &mut VecDeque<Out>, batch_max: usize) -> Out {
+    let Some(first) = queue.pop_front() else {
+        return Out {
+            msg: Bytes::new(),
+            budget: 0,
+        };
+    };
+    let batchable = |m: &Bytes| m.first() != Some(&frame::kind::BATCH);
+    let mut size = frame::HEADER_LEN + 4 + first.msg.len();
+    if size > batch_max || !batchable(&first.msg) {
+        return first;
+    }
+    let mut n = 0;
+    for o in queue.iter() {
+        if !batchable(&o.msg) || size + 4 + o.msg.len() > batch_max {
+            break;
+        }
+        size += 4 + o.msg.len();
+        n += 1;
+    }
+    if n == 0 {
+        return first;
+    }
+    let mut parts = Vec::with_capacity(n + 1);
+    let mut budget = first.budget;
+    parts.push(first.msg);
+    for o in queue.drain(..n) {
+        budget = budget.saturating_add(o.budget);
+        parts.push(o.msg);
+    }
+    Out {
+        msg: frame::encode_batch(&parts),
+        budget,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::{mem, Connection, FrameReceiver};
+    use std::sync::Arc;
+
+    fn data(stream: u32, byte: u8, end: bool) -> Bytes {
+        frame::encode_data(stream, &[byte], end)
+    }
+
+    fn pushed_sent(p: Pushed) -> Sent {
+        match p {
+            Pushed::Sent(s) => s,
+            Pushed::Queued => panic!("queued, expected a direct send"),
+            Pushed::Closed => panic!("closed, expected a direct send"),
+        }
+    }
+
+    /// Without a flush a frame waits; the flushing push sends it and the
+    /// frame after it as one BATCH from the pushing task: the peer has the
+    /// message before any other task ran.
+    #[tokio::test(flavor = "current_thread")]
+    async fn flush_sends_queue_as_one_batch_from_the_caller() {
+        let (a, b) = mem::pair();
+        let (tx, _) = a.split();
+        let (_, mut rx) = b.split();
+        let out = Outbox::new(tx, 1024);
+        assert!(matches!(
+            out.push(data(1, 1, false), 1, false),
+            Pushed::Queued
+        ));
+        let sent = pushed_sent(out.push(data(1, 2, true), 1, true));
+        assert!(sent.result.is_ok());
+        assert_eq!(sent.budget, 2, "both frames' budget comes back");
+        let msg = rx.recv().now_or_never_ready();
+        assert_eq!(
+            msg,
+            frame::encode_batch(&[data(1, 1, false), data(1, 2, true)])
+        );
+        assert!(out.lock().queue.is_empty());
+    }
+
+    /// Without BATCH support each frame leaves as its own message, in order.
+    #[tokio::test(flavor = "current_thread")]
+    async fn flush_without_batch_keeps_frames_apart_and_in_order() {
+        let (a, b) = mem::pair();
+        let (tx, _) = a.split();
+        let (_, mut rx) = b.split();
+        let out = Outbox::new(tx, 0);
+        let _ = out.push(data(1, 1, false), 0, false);
+        let _ = out.push(data(3, 2, false), 0, false);
+        assert!(pushed_sent(out.push(data(1, 3, true), 0, true))
+            .result
+            .is_ok());
+        for (s, byte, end) in [(1, 1, false), (3, 2, false), (1, 3, true)] {
+            assert_eq!(rx.recv().now_or_never_ready(), data(s, byte, end));
+        }
+    }
+
+    /// A back-pressured connection (the peer's queue full) queues the frame;
+    /// the writer sends it, after the frames before it, once there is room.
+    #[tokio::test(flavor = "current_thread")]
+    async fn back_pressure_goes_through_the_writer_in_order() {
+        let (a, b) = mem::pair();
+        let (tx, _) = a.split();
+        let (_, mut rx) = b.split();
+        let out = Arc::new(Outbox::new(tx, 0));
+        for i in 0..mem::MEM_QUEUE_FRAMES {
+            let s = pushed_sent(out.push(data(1, i as u8, false), 0, true));
+            assert!(s.result.is_ok());
+        }
+        // Full: both wait, in order, and nothing was lost.
+        let s = pushed_sent(out.push(data(1, 200, false), 7, true));
+        assert_eq!(s.budget, 0, "nothing left from here");
+        let _ = out.push(data(1, 201, true), 0, true);
+        assert_eq!(out.lock().queue.len(), 2);
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let budget = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let w = {
+            let (out, done, budget) = (out.clone(), done.clone(), budget.clone());
+            tokio::spawn(async move {
+                out.run_writer(
+                    || done.load(std::sync::atomic::Ordering::Acquire),
+                    |b, r| {
+                        assert!(r.is_ok());
+                        budget.fetch_add(b, std::sync::atomic::Ordering::Relaxed);
+                    },
+                )
+                .await
+            })
+        };
+        for i in 0..mem::MEM_QUEUE_FRAMES {
+            assert_eq!(rx.recv().await.unwrap().unwrap(), data(1, i as u8, false));
+        }
+        assert_eq!(rx.recv().await.unwrap().unwrap(), data(1, 200, false));
+        assert_eq!(rx.recv().await.unwrap().unwrap(), data(1, 201, true));
+        assert_eq!(budget.load(std::sync::atomic::Ordering::Relaxed), 7);
+        done.store(true, std::sync::atomic::Ordering::Release);
+        out.wake_writer();
+        w.await.unwrap();
+        // The writer closed the connection and the outbox refuses frames.
+        assert_eq!(rx.recv().await.unwrap(), None);
+        assert!(matches!(
+            out.push(data(1, 0, true), 0, true),
+            Pushed::Closed
+        ));
+    }
+
+    trait ReadyExt {
+        fn now_or_never_ready(self) -> Bytes;
+    }
+
+    impl<F: std::future::Future<Output = io::Result<Option<Bytes>>>> ReadyExt for F {
+        /// The received message, which must be there without waiting.
+        fn now_or_never_ready(self) -> Bytes {
+            use futures::FutureExt;
+            self.now_or_never()
+                .expect("message not delivered by the pushing task")
+                .expect("recv failed")
+                .expect("connection closed")
+        }
+    }
+}
