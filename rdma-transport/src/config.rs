@@ -5,6 +5,32 @@ use std::time::Duration;
 use crate::engine::wire::HDR_LEN;
 use crate::error::Error;
 
+/// How a connection's driver waits for completions and commands
+/// (`docs/wire-protocol-rdma.md` §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PollMode {
+    /// Busy-poll for a budget derived from the observed wait for work:
+    /// twice a moving average (1/8 weight per sample) of how long the driver
+    /// went without work before the next completion or command, if that is
+    /// at most `busy_poll`; otherwise not at all (the wait is longer than
+    /// spinning can pay for, so the driver sleeps on the completion channel
+    /// at once). A ping-pong whose round trip fits the bound is answered
+    /// without a sleep and a wake-up; an idle or slow connection costs no
+    /// CPU. The clock is read once every 32 polls, not every poll.
+    #[default]
+    Adaptive,
+    /// Busy-poll for exactly `busy_poll`, then sleep.
+    Fixed,
+    /// Never arm the completion channel and never sleep: poll the CQ, let
+    /// the runtime run other ready tasks (`yield_now`), poll again. Lowest
+    /// latency (no interrupt-style wake-up on either side, as perftest and
+    /// eRPC do) at the price of a CPU core per busy connection: for
+    /// latency-critical users who run the connection on a runtime with a
+    /// dedicated thread (e.g. a `current_thread` runtime on its own core).
+    /// Timers (keepalive), cm events and commands are still served.
+    Spin,
+}
+
 /// Per-connection (and a few process-wide) limits and tunables.
 ///
 /// Registered memory per connection is `recv_slots * recv_slot_bytes +
@@ -38,9 +64,15 @@ pub struct Config {
     /// Request a send completion at least every k-th work request
     /// (selective signalling). Default 16; clamped to `send_slots / 2`.
     pub signal_every: u32,
-    /// Busy-poll the CQ for this long before arming the completion channel
-    /// and sleeping. Default 20 µs (0 disables).
+    /// Busy-poll budget before the driver arms the completion channel and
+    /// sleeps (`docs/wire-protocol-rdma.md` §8). With
+    /// [`PollMode::Adaptive`] (the default) the upper bound of the adaptive
+    /// budget, with [`PollMode::Fixed`] the budget itself, ignored by
+    /// [`PollMode::Spin`]. Default 100 µs (0 disables busy-polling).
     pub busy_poll: Duration,
+    /// How the connection's driver waits for work. Default
+    /// [`PollMode::Adaptive`].
+    pub poll_mode: PollMode,
     /// Keepalive: a connection that posted nothing for this long posts a
     /// zero-length RDMA WRITE, so a peer whose host died silently (no
     /// disconnect request ever arrives) is detected when the QP's retries
@@ -94,7 +126,8 @@ impl Default for Config {
             max_message_bytes: 1 << 30,
             max_inline_bytes: 128,
             signal_every: 16,
-            busy_poll: Duration::from_micros(20),
+            busy_poll: Duration::from_micros(100),
+            poll_mode: PollMode::Adaptive,
             keepalive: Duration::from_secs(10),
             resolve_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),

@@ -12,7 +12,7 @@ use rdma_sys::rdma_cm_event_type as ev;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::config::Config;
+use crate::config::{Config, PollMode};
 use crate::engine::wire::{Hello, VERSION};
 use crate::engine::{
     Action, Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
@@ -910,6 +910,7 @@ fn spawn_driver(
     stats.bump(|s| &s.connections, 1);
     let max = cfg.max_message_bytes.min(peer_hello.max_message as usize);
     let keepalive_timer = Box::pin(tokio::time::sleep(cfg.keepalive));
+    let spin = SpinBudget::new(cfg.poll_mode, cfg.busy_poll);
     let d = Driver {
         cm_afd,
         cq_afd,
@@ -930,8 +931,10 @@ fn spawn_driver(
         peer_gone: false,
         wcs: Vec::with_capacity(64),
         actions: Vec::with_capacity(64),
-        last_post: tokio::time::Instant::now(),
+        posted: false,
         keepalive_timer,
+        woke_receiver: false,
+        spin,
         setup_kick: active.then(|| {
             (
                 tokio::time::Instant::now() + SETUP_KICK_FIRST,
@@ -958,6 +961,53 @@ fn spawn_driver(
     })
 }
 
+/// The driver's busy-poll budget (§8, `Config::poll_mode`).
+#[derive(Debug, Clone, Copy)]
+struct SpinBudget {
+    mode: PollMode,
+    /// `Config::busy_poll`.
+    max: Duration,
+    /// `PollMode::Adaptive`: moving average of how long the driver went
+    /// without work before the next completion or command.
+    avg: Duration,
+}
+
+impl SpinBudget {
+    fn new(mode: PollMode, max: Duration) -> SpinBudget {
+        SpinBudget {
+            mode,
+            max,
+            avg: Duration::ZERO,
+        }
+    }
+
+    /// How long to busy-poll now.
+    fn budget(&self) -> Duration {
+        match self.mode {
+            PollMode::Fixed => self.max,
+            PollMode::Spin => Duration::MAX,
+            PollMode::Adaptive => {
+                let want = self.avg * 2;
+                if want <= self.max {
+                    // Never below a few µs: the first samples start at 0.
+                    want.max(Duration::from_micros(2)).min(self.max)
+                } else {
+                    Duration::ZERO
+                }
+            }
+        }
+    }
+
+    /// One more observed wait for work.
+    fn note(&mut self, waited: Duration) {
+        // Moving average with weight 1/8; a wait longer than 4 × the bound
+        // counts as 4 × the bound, so one long pause (an idle connection)
+        // does not keep spinning off for long once traffic resumes.
+        let w = waited.min(self.max * 4);
+        self.avg = (self.avg * 7 + w) / 8;
+    }
+}
+
 /// The per-connection task (§8). Field order = drop order: the AsyncFds go
 /// first, then the QP and memory (QP destroyed before deregistration), then
 /// CQ, cm_id and channel.
@@ -982,11 +1032,19 @@ struct Driver {
     wcs: Vec<Wc>,
     /// Reused buffer for the engine's actions (no allocation per step).
     actions: Vec<Action>,
-    /// When work requests were last posted (keepalive, §4.4).
-    last_post: tokio::time::Instant,
-    /// Fires at the earliest time a keepalive can be due; re-armed lazily
-    /// (once per interval), never per posted work request.
+    /// Work requests were posted since the keepalive timer last fired
+    /// (§4.4): set per post without reading the clock.
+    posted: bool,
+    /// Fires once per keepalive interval; a keepalive is posted when nothing
+    /// was posted during a whole interval (so after 1 to 2 intervals of
+    /// idleness).
     keepalive_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// A message was handed to the `RecvHalf` since the driver last yielded
+    /// (§8: yield before busy-polling, so the task it woke can run on this
+    /// worker first).
+    woke_receiver: bool,
+    /// The busy-poll budget (§8, `Config::poll_mode`).
+    spin: SpinBudget,
     /// Active side, until the passive side's first message arrived: when
     /// the next setup kick is due and the interval that led to it (§2.3
     /// step 6).
@@ -1107,7 +1165,8 @@ impl Driver {
         self.engine.swap_actions(&mut self.actions);
         let r = self.mem.execute(&self.actions);
         if !self.actions.is_empty() {
-            self.last_post = tokio::time::Instant::now();
+            // §4.4: no clock read per post; the keepalive timer looks at this.
+            self.posted = true;
         }
         self.actions.clear();
         r?;
@@ -1123,8 +1182,12 @@ impl Driver {
                 }
                 Event::PeerClosed => Item::Closed,
             };
-            if self.recv_open && self.deliver_tx.send(item).is_err() {
-                self.recv_open = false;
+            if self.recv_open {
+                if self.deliver_tx.send(item).is_err() {
+                    self.recv_open = false;
+                } else {
+                    self.woke_receiver = true;
+                }
             }
         }
         let now = self.engine.counters;
@@ -1147,7 +1210,10 @@ impl Driver {
     }
 
     async fn main_loop(&mut self) -> Result<(), Error> {
+        const CLOCK_EVERY: u32 = 32;
         let mut spins = 0u32;
+        // When the driver last ran out of work (PollMode::Adaptive).
+        let mut idle_since: Option<Instant> = None;
         loop {
             let mut did = self.take_cmds();
             if self.poll_cq(false)? > 0 {
@@ -1162,36 +1228,74 @@ impl Driver {
                 continue;
             }
             if did {
+                if let Some(t) = idle_since.take() {
+                    self.spin.note(t.elapsed());
+                }
                 spins += 1;
                 if spins.is_multiple_of(64) {
                     tokio::task::yield_now().await;
                 }
                 continue;
             }
-            // Optional short busy-poll before sleeping (§8).
-            if !self.cfg.busy_poll.is_zero() {
-                let start = Instant::now();
+            let adaptive = self.cfg.poll_mode == PollMode::Adaptive;
+            if adaptive && idle_since.is_none() {
+                idle_since = Some(Instant::now());
+            }
+            // Busy-poll before sleeping (§8); the clock is read every
+            // CLOCK_EVERY polls only (a syscall where there is no vDSO clock).
+            let budget = self.spin.budget();
+            // §8: before spinning, let the task just handed a message run
+            // first (it is in this worker's LIFO slot, which no other worker
+            // may steal), then look again for its reply. Not when about to
+            // sleep: sleeping lets it run anyway, and a yield costs a
+            // reschedule.
+            if !budget.is_zero() && std::mem::take(&mut self.woke_receiver) {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            self.woke_receiver = false;
+            if !budget.is_zero() {
+                let start = idle_since.unwrap_or_else(Instant::now);
                 let mut got = false;
-                while start.elapsed() < self.cfg.busy_poll {
+                let mut n = 0u32;
+                loop {
                     if self.poll_cq(false)? > 0
                         || (self.cmd_open && self.has_room() && !self.cmd_rx.is_empty())
                     {
                         got = true;
                         break;
                     }
+                    n += 1;
+                    if n.is_multiple_of(CLOCK_EVERY) {
+                        if self.cfg.poll_mode == PollMode::Spin {
+                            break;
+                        }
+                        if start.elapsed() >= budget {
+                            break;
+                        }
+                    }
                     std::hint::spin_loop();
                 }
                 if got {
+                    if let Some(t) = idle_since.take() {
+                        self.spin.note(t.elapsed());
+                    }
                     self.step()?;
                     continue;
                 }
             }
-            // Arm, then poll again: a completion that arrived before the
-            // arm would otherwise never raise an event (lost wakeup).
-            self.cq.arm()?;
-            if self.poll_cq(false)? > 0 {
-                self.step()?;
-                continue;
+            let spin = self.cfg.poll_mode == PollMode::Spin;
+            if !spin {
+                // Arm, then poll again: a completion that arrived before the
+                // arm would otherwise never raise an event (lost wakeup).
+                self.cq.arm()?;
+                if self.poll_cq(false)? > 0 {
+                    if let Some(t) = idle_since.take() {
+                        self.spin.note(t.elapsed());
+                    }
+                    self.step()?;
+                    continue;
+                }
             }
             let room = self.cmd_open && self.has_room();
             let keepalive = !self.cfg.keepalive.is_zero();
@@ -1200,42 +1304,24 @@ impl Driver {
             }
             let (kick, kick_at) = match self.setup_kick {
                 Some((at, _)) => (true, at),
-                None => (false, self.last_post),
+                None => (false, tokio::time::Instant::now()),
             };
             tokio::select! {
-                _ = tokio::time::sleep_until(kick_at), if kick => {
-                    // §2.3 step 6: nothing heard from the passive side yet.
-                    // A zero-length WRITE makes its NIC look at the
-                    // connection again: siw (Linux 6.1) ignores FPDUs that
-                    // arrive while its accept is still installing the QP's
-                    // socket callbacks, until the next segment arrives.
-                    self.engine.keepalive();
-                    self.stats.bump(|s| &s.setup_kicks, 1);
-                    let now = tokio::time::Instant::now();
-                    self.last_post = now;
-                    self.setup_kick = self.setup_kick.and_then(|(_, d)| {
-                        let d = d * 2;
-                        (d <= SETUP_KICK_LAST).then_some((now + d, d))
-                    });
-                }
-                _ = self.keepalive_timer.as_mut(), if keepalive => {
-                    let due = self.last_post + self.cfg.keepalive;
-                    let now = tokio::time::Instant::now();
-                    if due <= now {
-                        // §4.4: nothing posted for a while; probe the peer.
-                        self.engine.keepalive();
-                        self.last_post = now;
-                        self.stats.bump(|s| &s.keepalives, 1);
-                        self.keepalive_timer.as_mut().reset(now + self.cfg.keepalive);
-                    } else {
-                        self.keepalive_timer.as_mut().reset(due);
-                    }
-                }
-                r = self.cq_afd.readable() => {
+                biased;
+                r = self.cq_afd.readable(), if !spin => {
                     let mut g = r.map_err(|e| io_err("AsyncFd(cq)", e))?;
                     let n = self.cq.consume_events()?;
                     self.stats.bump(|s| &s.cq_events, n as u64);
                     g.clear_ready();
+                    if let Some(t) = idle_since.take() {
+                        self.spin.note(t.elapsed());
+                    }
+                }
+                c = self.cmd_rx.recv(), if room => {
+                    self.handle_cmd(c);
+                    if let Some(t) = idle_since.take() {
+                        self.spin.note(t.elapsed());
+                    }
                 }
                 e = next_event(&self.chan, &self.cm_afd) => {
                     let e = e?;
@@ -1259,14 +1345,37 @@ impl Driver {
                         k => tracing::debug!("ignoring cm event {}", event_name(k)),
                     }
                 }
-                c = self.cmd_rx.recv(), if room => {
-                    self.handle_cmd(c);
+                _ = tokio::time::sleep_until(kick_at), if kick => {
+                    // §2.3 step 6: nothing heard from the passive side yet.
+                    // A zero-length WRITE makes its NIC look at the
+                    // connection again: siw (Linux 6.1) ignores FPDUs that
+                    // arrive while its accept is still installing the QP's
+                    // socket callbacks, until the next segment arrives.
+                    self.engine.keepalive();
+                    self.stats.bump(|s| &s.setup_kicks, 1);
+                    let now = tokio::time::Instant::now();
+                    self.setup_kick = self.setup_kick.and_then(|(_, d)| {
+                        let d = d * 2;
+                        (d <= SETUP_KICK_LAST).then_some((now + d, d))
+                    });
+                }
+                _ = self.keepalive_timer.as_mut(), if keepalive => {
+                    let now = tokio::time::Instant::now();
+                    // §4.4: nothing posted during a whole interval: probe.
+                    if !std::mem::take(&mut self.posted) {
+                        self.engine.keepalive();
+                        self.stats.bump(|s| &s.keepalives, 1);
+                    }
+                    self.keepalive_timer.as_mut().reset(now + self.cfg.keepalive);
                 }
                 _ = self.deliver_tx.closed(), if self.recv_open => {
                     self.recv_open = false;
                 }
                 _ = self.shared.drained.notified(), if self.engine.holding_returns() => {
                     // The application caught up: step() releases the returns.
+                }
+                _ = tokio::task::yield_now(), if spin => {
+                    // PollMode::Spin: nothing else is ready; poll the CQ again.
                 }
             }
         }
@@ -1298,5 +1407,58 @@ impl Driver {
         }
         self.mem.destroy_qp();
         // Remaining fields drop in declaration order.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn adaptive_budget_follows_the_observed_wait_within_the_bound() {
+        let mut b = SpinBudget::new(PollMode::Adaptive, 100 * US);
+        // Nothing observed yet: a token spin.
+        assert_eq!(b.budget(), 2 * US);
+        for _ in 0..64 {
+            b.note(20 * US);
+        }
+        // Converges to twice the wait (the 1/8 average approaches 20 µs).
+        let got = b.budget();
+        assert!(got > 38 * US && got <= 40 * US, "{got:?}");
+        // Waits longer than half the bound: not worth spinning at all.
+        for _ in 0..64 {
+            b.note(300 * US);
+        }
+        assert_eq!(b.budget(), Duration::ZERO);
+        // One very long pause counts as 4 × the bound only, so a few fast
+        // round trips bring spinning back.
+        let mut c = SpinBudget::new(PollMode::Adaptive, 100 * US);
+        for _ in 0..64 {
+            c.note(10 * US);
+        }
+        c.note(Duration::from_secs(10));
+        let mut n = 0;
+        while c.budget().is_zero() {
+            c.note(10 * US);
+            n += 1;
+        }
+        assert!(n <= 16, "{n} samples to resume spinning");
+        // A zero bound never spins.
+        let mut z = SpinBudget::new(PollMode::Adaptive, Duration::ZERO);
+        z.note(US);
+        assert_eq!(z.budget(), Duration::ZERO);
+    }
+
+    #[test]
+    fn fixed_and_spin_budgets() {
+        let mut f = SpinBudget::new(PollMode::Fixed, 20 * US);
+        f.note(Duration::from_secs(1));
+        assert_eq!(f.budget(), 20 * US);
+        assert_eq!(
+            SpinBudget::new(PollMode::Spin, Duration::ZERO).budget(),
+            Duration::MAX
+        );
     }
 }

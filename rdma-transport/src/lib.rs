@@ -22,7 +22,7 @@ mod stats;
 pub mod testing;
 mod verbs;
 
-pub use config::Config;
+pub use config::{Config, PollMode};
 pub use conn::{connect, connect_from, Connection, Listener, RecvHalf, SendHalf};
 pub use error::{Errno, Error, PeerMisbehaved};
 pub use stats::{ConnStats, StatsSnapshot};

@@ -1,19 +1,18 @@
 //! The HTTP body a call's inbound queue presents to tonic: the server's
 //! request body and the client's response body.
 
-use crate::session::{CallGuard, Inbound, Shared};
+use crate::session::{CallGuard, Inbound, InboundRx, Shared};
 use bytes::Bytes;
 use http_body::Frame;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use tokio::sync::mpsc;
 use tonic::Status;
 
 /// Body of a call carried over a message connection.
 #[derive(Debug)]
 pub struct RecvBody {
-    rx: mpsc::UnboundedReceiver<Inbound>,
+    rx: InboundRx,
     shared: Arc<Shared>,
     stream: u32,
     pending_credit: u32,
@@ -26,7 +25,7 @@ pub struct RecvBody {
 
 impl RecvBody {
     pub(crate) fn new(
-        rx: mpsc::UnboundedReceiver<Inbound>,
+        rx: InboundRx,
         shared: Arc<Shared>,
         stream: u32,
         guard: Option<CallGuard>,
@@ -56,7 +55,7 @@ impl Drop for RecvBody {
         // Data that was never consumed leaves the connection's buffers now:
         // return its connection-level credit (§1.4).
         let mut n = 0;
-        while let Ok(m) = self.rx.try_recv() {
+        while let Some(m) = self.rx.try_recv() {
             if let Inbound::Data(b) = m {
                 n += b.len();
             }

@@ -9,6 +9,7 @@
 //! call cannot stall the others.
 
 mod outbox;
+mod queue;
 
 use crate::conn::{Connection, FrameReceiver, FrameSender};
 use crate::frame::{self, DecodeLimits, Frame, Hello};
@@ -17,12 +18,14 @@ use crate::{ConnInfo, PeerMisbehaved, SessionConfig};
 use bytes::Bytes;
 use http::HeaderMap;
 use outbox::{Outbox, Pushed};
+pub(crate) use queue::InboundRx;
+use queue::InboundTx;
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 
 /// Bytes of DATA that may wait in the outgoing queue of one connection.
@@ -45,7 +48,7 @@ pub(crate) struct OpenCall {
     pub(crate) path: String,
     pub(crate) timeout: Option<Duration>,
     pub(crate) metadata: HeaderMap,
-    pub(crate) inbound: mpsc::UnboundedReceiver<Inbound>,
+    pub(crate) inbound: InboundRx,
     pub(crate) window: Arc<SendWindow>,
 }
 
@@ -73,7 +76,7 @@ pub(crate) fn misbehaved_status(e: &PeerMisbehaved) -> Status {
 
 #[derive(Debug)]
 struct StreamEntry {
-    inbound: mpsc::UnboundedSender<Inbound>,
+    inbound: InboundTx,
     window: Arc<SendWindow>,
     /// DATA bytes the peer may still send before we grant more.
     recv_window: i64,
@@ -284,10 +287,19 @@ async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Opti
     let limits = DecodeLimits {
         max_metadata_bytes: shared.config.max_metadata_bytes as usize,
     };
+    // One shutdown waiter for the whole loop, registered before `shut` is
+    // checked: no waiter list insertion and removal per message.
+    let shutdown = shared.shutdown.notified();
+    tokio::pin!(shutdown);
+    shutdown.as_mut().enable();
     let status = loop {
+        if shared.shut.load(Ordering::Acquire) {
+            break Status::unavailable("connection closed by this side");
+        }
         let next = tokio::select! {
+            biased;
             r = rx.recv() => r,
-            _ = shared.shutdown.notified() => break Status::unavailable("connection closed by this side"),
+            _ = &mut shutdown => break Status::unavailable("connection closed by this side"),
         };
         let bytes = match next {
             Ok(Some(b)) => b,
@@ -437,7 +449,7 @@ impl Shared {
     pub(crate) fn open_stream(
         &self,
         open: impl FnOnce(u32) -> Bytes,
-    ) -> Result<(u32, mpsc::UnboundedReceiver<Inbound>, Arc<SendWindow>), Status> {
+    ) -> Result<(u32, InboundRx, Arc<SendWindow>), Status> {
         let mut s = lock(&self.state);
         if let Some(st) = &s.closed {
             return Err(st.clone());
@@ -451,7 +463,7 @@ impl Shared {
         s.next_stream = s.next_stream.checked_add(2).ok_or_else(|| {
             Status::unavailable("stream ids exhausted on this connection; reconnect")
         })?;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = queue::channel();
         let window = Arc::new(SendWindow::new(self.peer.initial_window));
         s.streams.insert(
             id,
@@ -603,7 +615,7 @@ impl Shared {
                 let Some(acceptor) = acceptor else {
                     return Err(PeerMisbehaved::OpenToClient);
                 };
-                let (tx, rx) = mpsc::unbounded_channel();
+                let (tx, rx) = queue::channel();
                 let window = Arc::new(SendWindow::new(self.peer.initial_window));
                 {
                     let mut s = lock(&self.state);

@@ -4,11 +4,9 @@ use rpc_core::{Channel, ServingHandle, Transport, TransportKind};
 use rpc_examples::echo::EchoStats;
 use rpc_examples::pb::echo::echo_client::EchoClient;
 use rpc_tests::{device_required, rdma_ip, router, BIG_LIMIT};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -215,48 +213,11 @@ pub fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Global allocator that counts live heap bytes (the registered buffers of
+/// Live heap bytes of this process (allocated minus freed, counted by the
+/// test binary's `stats_alloc` global allocator: the registered buffers of
 /// rdma-transport are heap allocations too), so a leak shows up exactly,
 /// whatever malloc keeps cached in its arenas (which `VmRSS` includes).
-pub struct CountingAlloc;
-
-static LIVE_HEAP: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the
-// counter is only bookkeeping.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same contract as ours.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            LIVE_HEAP.fetch_add(layout.size() as isize, Relaxed);
-        }
-        p
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: same contract as ours.
-        let p = unsafe { System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            LIVE_HEAP.fetch_add(layout.size() as isize, Relaxed);
-        }
-        p
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE_HEAP.fetch_sub(layout.size() as isize, Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: same contract as ours.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE_HEAP.fetch_add(new_size as isize - layout.size() as isize, Relaxed);
-        }
-        p
-    }
-}
-
-/// Live heap bytes of this process (see [`CountingAlloc`]).
 pub fn live_heap_bytes() -> i64 {
-    LIVE_HEAP.load(Relaxed) as i64
+    let s = stats_alloc::INSTRUMENTED_SYSTEM.stats();
+    s.bytes_allocated as i64 - s.bytes_deallocated as i64
 }

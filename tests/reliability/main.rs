@@ -6,8 +6,10 @@
 
 mod common;
 
+/// The system allocator instrumented by `stats_alloc`, for
+/// [`common::live_heap_bytes`].
 #[global_allocator]
-static ALLOC: common::CountingAlloc = common::CountingAlloc;
+static ALLOC: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
 
 mod churn;
 mod deadline_storm;

@@ -8,11 +8,10 @@
 //! request bytes; `--echo-both-ways` echoes the payload back instead.
 //! Client and server run in this one process: CPU time (time on CPU of all
 //! threads, /proc/self/task/*/schedstat) and context switches are client+server.
-//! So are heap allocations per call: a counting `#[global_allocator]` (a thin
-//! wrapper around the system allocator) counts every allocation and its bytes
-//! made during the timed phase, except the bench's own bookkeeping (the
-//! request clone before each call, histograms, worker spawns), which runs with
-//! counting paused on its thread.
+//! So are heap allocations per call: the `#[global_allocator]` (`stats_alloc`'s
+//! instrumented system allocator) counts every allocation and its bytes made
+//! during the timed phase, minus the bench's own bookkeeping (the request and
+//! its clone before each call, histograms), measured on its own beforehand.
 //!
 //! ```text
 //! bench --paths rdma,tcp-fallback,tonic-tcp --duration-ms 1000 --markdown out.md
@@ -27,8 +26,6 @@ use rpc_core::{Channel, Server, Transport};
 use rpc_examples::echo::EchoService;
 use rpc_examples::pb::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoRequest};
 use serde::Serialize;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,82 +34,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The system allocator, counting allocations (alloc, alloc_zeroed and
-/// realloc: each may hand out a new block) and the bytes asked for, process-wide,
-/// unless the allocating thread has paused counting ([`Uncounted`]).
-struct CountingAlloc;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static ALLOC_BYTES: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    /// Counting paused on this thread (the bench's own bookkeeping).
-    /// Const-initialised and without drop glue: usable from the allocator.
-    static PAUSED: Cell<bool> = const { Cell::new(false) };
-}
-
-#[inline]
-fn count_alloc(bytes: usize) {
-    // `try_with`: during thread teardown the slot may be gone; count then.
-    if !PAUSED.try_with(Cell::get).unwrap_or(false) {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        ALLOC_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
-    }
-}
-
-// This is the bench binary's only `unsafe`, in the same form as the
-// reliability suite's counting allocator (tests/reliability/common.rs):
-// implementing `GlobalAlloc` cannot be done without it.
-// SAFETY: every method forwards its arguments unchanged to `System`, which
-// upholds `GlobalAlloc`'s contract; the counters are plain atomics and the
-// thread-local flag neither allocates nor runs a destructor.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count_alloc(layout.size());
-        // SAFETY: our caller upholds `alloc`'s contract, which we pass on as is.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count_alloc(layout.size());
-        // SAFETY: as for `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System` through this allocator, with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count_alloc(new_size);
-        // SAFETY: `ptr` came from `System` through this allocator, with `layout`;
-        // the caller upholds `realloc`'s contract for `new_size`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
+/// The system allocator, instrumented by the `stats_alloc` crate (no `unsafe`
+/// of ours): allocations (alloc, alloc_zeroed and realloc, each may hand out a
+/// new block) and the bytes asked for (a realloc counts its growth),
+/// process-wide.
 #[global_allocator]
-static GLOBAL: CountingAlloc = CountingAlloc;
+static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
 
 /// Allocations and bytes so far (process-wide).
 fn alloc_counts() -> (u64, u64) {
+    let s = GLOBAL.stats();
     (
-        ALLOCS.load(Ordering::Relaxed),
-        ALLOC_BYTES.load(Ordering::Relaxed),
+        (s.allocations + s.reallocations) as u64,
+        s.bytes_allocated as u64,
     )
-}
-
-/// Pauses allocation counting on this thread while alive.
-struct Uncounted(bool);
-
-impl Uncounted {
-    fn new() -> Self {
-        Uncounted(PAUSED.with(|p| p.replace(true)))
-    }
-}
-
-impl Drop for Uncounted {
-    fn drop(&mut self) {
-        PAUSED.with(|p| p.set(self.0));
-    }
 }
 
 /// Codec limit on both sides (16 MiB payloads plus framing).
@@ -369,6 +304,44 @@ struct Budget {
     calls: Option<u64>,
 }
 
+/// The request every call of a cell sends (a clone of it per call).
+fn request(payload: usize, echo: bool) -> EchoRequest {
+    EchoRequest {
+        payload: vec![0x5a; payload],
+        reply_bytes: if echo { 0 } else { 1 },
+        ..Default::default()
+    }
+}
+
+/// A worker's latency histogram (ns).
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap()
+}
+
+/// Allocations and bytes of the bench's own work in a cell, which
+/// [`measure`] subtracts: building the request once and a histogram per
+/// worker plus the merged one (returned together) and cloning the request
+/// per call (the workers' tasks, a few allocations per worker, are not
+/// subtracted: spread over a cell's calls they add well under 0.1 per call).
+fn bookkeeping_allocs(payload: usize, echo: bool, inflight: usize) -> ((u64, u64), (u64, u64)) {
+    let a0 = alloc_counts();
+    let base = request(payload, echo);
+    let a1 = alloc_counts();
+    let copy = base.clone();
+    let a2 = alloc_counts();
+    let h = histogram();
+    let a3 = alloc_counts();
+    drop((base, copy, h));
+    let hists = inflight as u64 + 1;
+    (
+        (
+            a1.0 - a0.0 + hists * (a3.0 - a2.0),
+            a1.1 - a0.1 + hists * (a3.1 - a2.1),
+        ),
+        (a2.0 - a1.0, a2.1 - a1.1),
+    )
+}
+
 /// Runs `inflight` workers on clones of `client` until the budget is used;
 /// returns the merged latency histogram (ns) and the number of calls.
 async fn drive(
@@ -378,26 +351,18 @@ async fn drive(
     echo: bool,
     budget: Budget,
 ) -> Result<(Histogram<u64>, u64), String> {
-    let base = EchoRequest {
-        payload: vec![0x5a; payload],
-        reply_bytes: if echo { 0 } else { 1 },
-        ..Default::default()
-    };
+    let base = request(payload, echo);
     let expect = if echo { payload } else { 1 };
     let base = Arc::new(base);
     let tickets = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + budget.duration;
     let mut tasks = tokio::task::JoinSet::new();
-    let spawning = Uncounted::new();
     for w in 0..inflight {
         let mut client = client.clone();
         let base = base.clone();
         let tickets = tickets.clone();
         tasks.spawn(async move {
-            let mut h = {
-                let _bookkeeping = Uncounted::new();
-                Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap()
-            };
+            let mut h = histogram();
             let mut first = true;
             loop {
                 match budget.calls {
@@ -413,11 +378,9 @@ async fn drive(
                     }
                 }
                 first = false;
-                // Payload copy outside the timed call, and not counted.
-                let req = {
-                    let _bookkeeping = Uncounted::new();
-                    (*base).clone()
-                };
+                // Payload copy outside the timed call; its allocations are
+                // subtracted from the counts (see `clone_allocs`).
+                let req = (*base).clone();
                 let t = Instant::now();
                 let got = client
                     .call(req)
@@ -432,15 +395,11 @@ async fn drive(
             Ok::<_, String>(h)
         });
     }
-    drop(spawning);
-    let mut all = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).unwrap();
+    let mut all = histogram();
     let mut err = None;
     while let Some(r) = tasks.join_next().await {
         match r {
-            Ok(Ok(h)) => {
-                let _bookkeeping = Uncounted::new();
-                all.add(&h).map_err(|e| e.to_string())?
-            }
+            Ok(Ok(h)) => all.add(&h).map_err(|e| e.to_string())?,
             Ok(Err(e)) => {
                 if err.is_none() {
                     err = Some(e);
@@ -535,6 +494,7 @@ async fn run_cell(
         }
     }
 
+    let (build, per_clone) = bookkeeping_allocs(payload, echo, inflight);
     let rdma0 = rdma_transport::global_stats();
     let u0 = usage();
     let a0 = alloc_counts();
@@ -561,8 +521,13 @@ async fn run_cell(
             result.bytes_per_s = result.calls_per_s * per_call_bytes as f64;
             result.cpu_us_per_call = (u1.cpu_us - u0.cpu_us) / nf;
             result.ctx_switches_per_call = (u1.csw - u0.csw) as f64 / nf;
-            result.allocs_per_call = a1.0.saturating_sub(a0.0) as f64 / nf;
-            result.alloc_bytes_per_call = a1.1.saturating_sub(a0.1) as f64 / nf;
+            // Minus the bench's own request building and per-call clones.
+            let ours = |i: fn(&(u64, u64)) -> u64, a1: u64, a0: u64| {
+                a1.saturating_sub(a0)
+                    .saturating_sub(i(&build) + n * i(&per_clone))
+            };
+            result.allocs_per_call = ours(|x| x.0, a1.0, a0.0) as f64 / nf;
+            result.alloc_bytes_per_call = ours(|x| x.1, a1.1, a0.1) as f64 / nf;
             if path == PathKind::Rdma {
                 result.rdma = Some(rdma_delta(&rdma0, &rdma1, n));
             }

@@ -1,0 +1,178 @@
+//! A call's inbound queue: what the session's reader hands one call.
+//!
+//! Unbounded, one consumer (the call's task), one logical producer (the
+//! reader; the stream map holds the sender). It needs no bound of its own:
+//! the receive window granted to the peer bounds the DATA in it
+//! (`docs/wire-protocol.md` §1.4). Lighter than a tokio mpsc, which allocates
+//! a block of 32 slots per channel: here a call costs the shared state and a
+//! small buffer on first use.
+
+use super::Inbound;
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+struct State {
+    items: VecDeque<Inbound>,
+    /// The receiver's task, while it waits.
+    waker: Option<Waker>,
+    /// Live senders; none left (and the queue empty) ends the stream.
+    senders: usize,
+    /// False once the receiver was dropped: sends fail.
+    rx_alive: bool,
+}
+
+struct Queue(Mutex<State>);
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Creates a call's queue.
+pub(crate) fn channel() -> (InboundTx, InboundRx) {
+    let q = Arc::new(Queue(Mutex::new(State {
+        items: VecDeque::new(),
+        waker: None,
+        senders: 1,
+        rx_alive: true,
+    })));
+    (InboundTx(q.clone()), InboundRx(q))
+}
+
+/// The reader's end of a call's queue.
+pub(crate) struct InboundTx(Arc<Queue>);
+
+impl InboundTx {
+    /// Queues `m`; gives it back when the receiver is gone.
+    pub(crate) fn send(&self, m: Inbound) -> Result<(), Inbound> {
+        let mut s = self.0.lock();
+        if !s.rx_alive {
+            return Err(m);
+        }
+        s.items.push_back(m);
+        let w = s.waker.take();
+        drop(s);
+        if let Some(w) = w {
+            w.wake();
+        }
+        Ok(())
+    }
+}
+
+impl Clone for InboundTx {
+    fn clone(&self) -> Self {
+        self.0.lock().senders += 1;
+        InboundTx(self.0.clone())
+    }
+}
+
+impl Drop for InboundTx {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.senders -= 1;
+        let w = if s.senders == 0 { s.waker.take() } else { None };
+        drop(s);
+        if let Some(w) = w {
+            w.wake();
+        }
+    }
+}
+
+impl std::fmt::Debug for InboundTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InboundTx").finish_non_exhaustive()
+    }
+}
+
+/// The call's end of its queue.
+pub(crate) struct InboundRx(Arc<Queue>);
+
+impl InboundRx {
+    /// The next item; `None` once every sender is gone and the queue is empty.
+    pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Inbound>> {
+        let mut s = self.0.lock();
+        if let Some(m) = s.items.pop_front() {
+            return Poll::Ready(Some(m));
+        }
+        if s.senders == 0 {
+            return Poll::Ready(None);
+        }
+        match &s.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => s.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// Waits for the next item (see [`poll_recv`](Self::poll_recv)).
+    pub(crate) async fn recv(&mut self) -> Option<Inbound> {
+        poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    /// The next item if one is queued.
+    pub(crate) fn try_recv(&mut self) -> Option<Inbound> {
+        self.0.lock().items.pop_front()
+    }
+}
+
+impl Drop for InboundRx {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.rx_alive = false;
+        s.waker = None;
+    }
+}
+
+impl std::fmt::Debug for InboundRx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InboundRx").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn data(b: &'static [u8]) -> Inbound {
+        Inbound::Data(Bytes::from_static(b))
+    }
+
+    #[tokio::test]
+    async fn delivers_in_order_then_ends_when_the_senders_are_gone() {
+        let (tx, mut rx) = channel();
+        let tx2 = tx.clone();
+        tx.send(data(b"a")).unwrap();
+        tx2.send(Inbound::End).unwrap();
+        let waiter = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(m) = rx.recv().await {
+                got.push(format!("{m:?}"));
+            }
+            got
+        });
+        tokio::task::yield_now().await;
+        drop(tx);
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "a sender is left: no end yet");
+        tx2.send(data(b"b")).unwrap();
+        drop(tx2);
+        let got = waiter.await.unwrap();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got[0].contains("Data") && got[1] == "End" && got[2].contains("Data"));
+    }
+
+    #[test]
+    fn send_fails_once_the_receiver_is_gone() {
+        let (tx, mut rx) = channel();
+        tx.send(data(b"x")).unwrap();
+        assert!(matches!(rx.try_recv(), Some(Inbound::Data(_))));
+        assert!(rx.try_recv().is_none());
+        drop(rx);
+        assert!(matches!(tx.send(Inbound::End), Err(Inbound::End)));
+    }
+}
