@@ -1304,7 +1304,8 @@ impl Driver {
             }
             let (kick, kick_at) = match self.setup_kick {
                 Some((at, _)) => (true, at),
-                None => (false, tokio::time::Instant::now()),
+                // Not polled; any stored instant will do (no clock read).
+                None => (false, self.keepalive_timer.deadline()),
             };
             tokio::select! {
                 biased;
