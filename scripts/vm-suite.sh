@@ -61,7 +61,7 @@ if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
   # iWARP: the server's RDMA listener takes another port, announced over TCP
   # (docs/wire-protocol.md §3); cases that cannot run on iWARP print SKIP and why.
   run "behaviour suite over iWARP (SoftiWARP siw0; RDMA port announced over TCP)" \
-    env SOFTROCE_IP="$SOFTROCE_SIW_IP" quiet timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --test-threads=1 --nocapture
+    quiet env SOFTROCE_IP="$SOFTROCE_SIW_IP" timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --test-threads=1 --nocapture
 fi
 run "transport selection (WRITE path, mixed clients, fallback, reconnect)" \
   timeout 300 "$BEHAVIOUR_TEST" transports --test-threads=1

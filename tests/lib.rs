@@ -43,7 +43,7 @@ pub struct Fixture {
 }
 
 enum Server {
-    Memory(MemoryServer),
+    Memory(Box<MemoryServer>),
     Net(Option<ServingHandle>),
 }
 
@@ -94,7 +94,7 @@ impl Fixture {
                     channel,
                     stats,
                     path,
-                    server: Server::Memory(server),
+                    server: Server::Memory(Box::new(server)),
                 })
             }
             Path::Tcp => {

@@ -319,7 +319,7 @@ fn histogram() -> Histogram<u64> {
 }
 
 /// Allocations and bytes of the bench's own work in a cell, which
-/// [`measure`] subtracts: building the request once and a histogram per
+/// [`run_cell`] subtracts: building the request once and a histogram per
 /// worker plus the merged one (returned together) and cloning the request
 /// per call (the workers' tasks, a few allocations per worker, are not
 /// subtracted: spread over a cell's calls they add well under 0.1 per call).
