@@ -110,12 +110,10 @@ impl RegisteredBuf {
             off.checked_add(len).is_some_and(|end| end <= self.len),
             "registered slice out of bounds"
         );
-        // SAFETY: [off, off+len) is inside our live allocation (checked).
-        // This buffer is registered without REMOTE_WRITE (asserted), so only
-        // our own receive work requests can write it, and the caller
-        // (Buffers::recv_slot, used by the engine between a slot's receive
-        // completion and its repost, which needs &mut ConnMemory) guarantees
-        // none is posted on this range while the borrow of `self` lasts.
+        // Only our own receives can write this buffer (no REMOTE_WRITE), and
+        // Buffers::recv_slot is used between a slot's completion and its repost.
+        // SAFETY: in bounds of our live allocation (checked); not remotely
+        // writable (asserted); no receive is posted on it while `self` is borrowed.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off), len) }
     }
 
@@ -132,11 +130,9 @@ impl RegisteredBuf {
         out.reserve(len);
         let dst = out.spare_capacity_mut();
         assert!(dst.len() >= len, "reserve gave room for len bytes");
-        // SAFETY: the source [ptr+off, ptr+off+len) is inside our live
-        // allocation (checked above) and is only accessed through this raw
-        // pointer (no reference to it exists); the destination is `len`
-        // bytes of `out`'s spare capacity (checked), a separate heap
-        // allocation, so the ranges do not overlap.
+        // The source is reached only through this raw pointer (no reference).
+        // SAFETY: source in bounds of our live allocation (checked); destination
+        // is `len` bytes of `out`'s spare capacity (checked), a separate allocation.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.ptr.as_ptr().add(off),
@@ -156,11 +152,10 @@ impl RegisteredBuf {
             off.checked_add(len).is_some_and(|end| end <= self.len),
             "registered slice out of bounds"
         );
+        // Callers (send_slot/staging) only ask for a slot that no posted work
+        // request covers (buffer-ownership.md); &mut self excludes CPU aliasing.
         // SAFETY: in bounds of our live allocation (checked); not remotely
-        // writable (asserted), so only our own work requests touch it, and
-        // the callers (send_slot/staging, used by the engine and the test
-        // peer) only ask for a slot that no posted work request covers
-        // (buffer-ownership.md); &mut self excludes any other CPU access.
+        // writable (asserted), so only our own (not posted) work requests touch it.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(off), len) }
     }
 }

@@ -473,7 +473,12 @@ impl ChannelBuilder {
         self,
     ) -> (Arc<Core>, tower::util::BoxService<Req, Resp, BoxError>) {
         let core = Core::new(Some(self.clone()), true);
-        let direct = Direct::new(core.clone());
+        let svc = self.limited(Direct::new(core.clone()));
+        (core, svc)
+    }
+
+    /// `direct` behind the builder's concurrency and rate limits (tower's).
+    fn limited(&self, direct: Direct) -> tower::util::BoxService<Req, Resp, BoxError> {
         let svc = tower::ServiceBuilder::new()
             .option_layer(
                 self.concurrency_limit
@@ -484,7 +489,7 @@ impl ChannelBuilder {
                     .map(|(n, per)| tower::limit::RateLimitLayer::new(n, per)),
             )
             .service(direct);
-        (core, tower::util::BoxService::new(svc))
+        tower::util::BoxService::new(svc)
     }
 
     fn wrap(self, core: Arc<Core>) -> Channel {
@@ -494,20 +499,7 @@ impl ChannelBuilder {
                 svc: Svc::Direct(direct),
             };
         }
-        let svc = tower::ServiceBuilder::new()
-            .option_layer(
-                self.concurrency_limit
-                    .map(tower::limit::ConcurrencyLimitLayer::new),
-            )
-            .option_layer(
-                self.rate_limit
-                    .map(|(n, per)| tower::limit::RateLimitLayer::new(n, per)),
-            )
-            .service(direct);
-        Channel::buffered(
-            tower::util::BoxService::new(svc),
-            Arc::new(move || core.info()),
-        )
+        Channel::buffered(self.limited(direct), Arc::new(move || core.info()))
     }
 
     /// Connects with the policy: the transport, what to report, and whether

@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The system allocator, instrumented by the `stats_alloc` crate (no `unsafe`
-/// of ours): allocations (alloc, alloc_zeroed and realloc, each may hand out a
+/// The system allocator, instrumented by the `stats_alloc` crate (no allocator
+/// code of ours): allocations (alloc, alloc_zeroed and realloc, each may hand out a
 /// new block) and the bytes asked for (a realloc counts its growth),
 /// process-wide.
 #[global_allocator]

@@ -77,20 +77,15 @@ macro_rules! library {
             /// Opens `soname` and resolves every entry; the first missing one
             /// fails the whole library.
             fn open(soname: &str) -> Result<$Lib, Error> {
-                // SAFETY: loading runs the library's ELF initialisers; for
-                // rdma-core's libibverbs/librdmacm they only set up the
-                // library's own state (rdma-core calls them from any thread,
-                // any time, e.g. from a plugin).
+                // SAFETY: loading runs libibverbs'/librdmacm's ELF initialisers,
+                // which only set up their own state (safe from any thread).
                 let lib = unsafe { Library::new(soname) }
                     .map_err(|e| Error::LibraryUnavailable(e.to_string()))?;
                 Ok($Lib {
                     $(
-                        // SAFETY: the symbol is the C function `$proto` (the
-                        // entry's literal) and the field's type is exactly that
-                        // prototype: checked above against rdma-sys' bindgen
-                        // declaration, generated from the same header. The
-                        // pointer is only used while `lib` is loaded: it is
-                        // stored next to `lib`, which is never unloaded.
+                        // The pointer lives next to `lib`, which is never unloaded.
+                        // SAFETY: the field's type is the C prototype `$proto`,
+                        // checked above against rdma-sys' declaration (same header).
                         $name: unsafe { symbol(&lib, soname, concat!(stringify!($name), "\0")) }?,
                     )*
                     _lib: lib,
