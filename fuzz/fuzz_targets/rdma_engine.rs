@@ -7,11 +7,16 @@
 //! too (when the first byte is odd): a hello `Hello::decode` refuses must be
 //! refused by `Engine::new` as well, and with any hello it accepts (any
 //! region up to the top of the address space) every WRITE stays inside it.
+//! Immediate data (§5.4) is negotiated when the input says so, and the peer
+//! forges WRITE-with-immediate and SEND-with-immediate completions with any
+//! immediate and length; messages are submitted whole or as gathers.
 #![no_main]
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use rdma_transport::engine::wire::{Hello, VERSION};
-use rdma_transport::engine::{sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event};
+use rdma_transport::engine::{
+    sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, Imm,
+};
 use std::collections::VecDeque;
 
 const SLOTS: u32 = 8;
@@ -128,6 +133,7 @@ fn drain(e: &mut Engine, peer: &Hello, posted: &mut VecDeque<u64>, sq: &mut VecD
 
 fuzz_target!(|data: &[u8]| {
     let mut input = Input(data);
+    let write_imm = input.byte().unwrap_or(0) & 1 == 1;
     let mut peer = Hello {
         version: VERSION,
         flags: 0,
@@ -161,7 +167,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(d) = &decoded {
             assert_eq!(d, &peer, "decode(encode(h)) == h");
         } else {
-            let r = Engine::new(engine_config(peer));
+            let r = Engine::new(engine_config(peer, write_imm));
             assert!(
                 r.is_err(),
                 "Engine::new accepted a hello decode refuses: {peer:?}"
@@ -169,7 +175,7 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     }
-    let Ok(mut e) = Engine::new(engine_config(peer)) else {
+    let Ok(mut e) = Engine::new(engine_config(peer, write_imm)) else {
         panic!("Engine::new refused a hello decode accepts: {peer:?}");
     };
     let mut mem = Mem {
@@ -193,7 +199,7 @@ fuzz_target!(|data: &[u8]| {
     );
 });
 
-fn engine_config(peer: Hello) -> EngineConfig {
+fn engine_config(peer: Hello, write_imm: bool) -> EngineConfig {
     EngineConfig {
         recv_slots: SLOTS,
         recv_slot_bytes: SLOT,
@@ -208,6 +214,7 @@ fn engine_config(peer: Hello) -> EngineConfig {
         max_message: MAX_MESSAGE,
         signal_every: 4,
         max_inline: 64,
+        write_imm,
         peer,
     }
 }
@@ -238,6 +245,7 @@ fn run(
                         ok: true,
                         status: 0,
                         byte_len: len as u32,
+                        imm: Imm::None,
                     },
                     mem,
                 )
@@ -250,10 +258,18 @@ fn run(
                 mem.rdv[off..off + n].copy_from_slice(&bytes[..n]);
                 Ok(())
             }
-            // The application sends a message (eager or rendezvous).
+            // The application sends a message (eager or rendezvous), whole
+            // or as a gather split anywhere.
             2 => {
                 let len = (input.byte().unwrap_or(0) as usize) * 97 % (16 << 10);
-                e.submit(Bytes::from(vec![0xAB; len]));
+                let cut = input.byte().unwrap_or(0) as usize * 67 % (len + 1);
+                let mut body = Bytes::from(vec![0xAB; len]);
+                if cut == 0 {
+                    e.submit(body);
+                } else {
+                    let head = body.split_to(cut);
+                    e.submit_parts(head, body);
+                }
                 Ok(())
             }
             // The oldest send-queue work request completes.
@@ -264,6 +280,7 @@ fn run(
                         ok: true,
                         status: 0,
                         byte_len: 0,
+                        imm: Imm::None,
                     },
                     mem,
                 ),
@@ -279,6 +296,31 @@ fn run(
                         ok,
                         status: 5,
                         byte_len: input.byte().unwrap_or(0) as u32,
+                        imm: Imm::None,
+                    },
+                    mem,
+                )
+            }
+            // The peer forges a WRITE (or SEND) with immediate data: any
+            // immediate, any length, into the next posted receive.
+            5 if input.byte().unwrap_or(0) & 1 == 1 => {
+                let Some(wr_id) = posted.pop_front() else {
+                    continue;
+                };
+                let imm = input.u64() as u32;
+                let len = (input.u64() % (RDV_BYTES as u64 + 2)) as u32;
+                let kind = if input.byte().unwrap_or(0) & 3 == 0 {
+                    Imm::Send(imm)
+                } else {
+                    Imm::Write(imm)
+                };
+                e.on_completion(
+                    Completion {
+                        wr_id,
+                        ok: true,
+                        status: 0,
+                        byte_len: len,
+                        imm: kind,
                     },
                     mem,
                 )
@@ -292,6 +334,7 @@ fn run(
                         ok: true,
                         status: 0,
                         byte_len: 0,
+                        imm: Imm::None,
                     },
                     mem,
                 )

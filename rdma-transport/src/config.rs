@@ -64,6 +64,12 @@ pub struct Config {
     /// Request a send completion at least every k-th work request
     /// (selective signalling). Default 16; clamped to `send_slots / 2`.
     pub signal_every: u32,
+    /// Offer RDMA WRITE with immediate data for rendezvous chunk
+    /// notifications (`docs/wire-protocol-rdma.md` §5.4): used when both
+    /// sides offer it, which they do on InfiniBand/RoCE devices; iWARP has
+    /// no immediate data and keeps the notification SEND. Saves one SEND
+    /// (and a send slot) per chunk. Default true.
+    pub write_with_imm: bool,
     /// Busy-poll budget before the driver arms the completion channel and
     /// sleeps (`docs/wire-protocol-rdma.md` §8). With
     /// [`PollMode::Adaptive`] (the default) the upper bound of the adaptive
@@ -126,6 +132,7 @@ impl Default for Config {
             max_message_bytes: 1 << 30,
             max_inline_bytes: 128,
             signal_every: 16,
+            write_with_imm: true,
             busy_poll: Duration::from_micros(100),
             poll_mode: PollMode::Adaptive,
             keepalive: Duration::from_secs(10),

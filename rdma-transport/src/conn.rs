@@ -13,7 +13,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::config::{Config, PollMode};
-use crate::engine::wire::{Hello, VERSION};
+use crate::engine::wire::{Hello, HELLO_FLAG_WRITE_IMM, VERSION};
 use crate::engine::{
     Action, Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
 };
@@ -124,9 +124,16 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
         })
         .collect();
     mem.execute(&initial)?;
+    // §5.4: offer chunk notification by WRITE with immediate data where the
+    // device has it (not on iWARP).
+    let flags = if cfg.write_with_imm && !id.is_iwarp() {
+        HELLO_FLAG_WRITE_IMM
+    } else {
+        0
+    };
     let hello = Hello {
         version: VERSION,
-        flags: 0,
+        flags,
         credits: cfg.recv_slots,
         recv_slot_bytes: cfg.recv_slot_bytes as u32,
         rdv_count: cfg.rendezvous_buffers,
@@ -154,6 +161,7 @@ fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
         max_message: cfg.max_message_bytes,
         signal_every: cfg.signal_every_eff(),
         max_inline,
+        write_imm: res.hello.flags & peer.flags & HELLO_FLAG_WRITE_IMM != 0,
         peer,
     }
 }
@@ -699,6 +707,7 @@ async fn setup_passive(
 
 enum Cmd {
     Send(Bytes),
+    SendParts(Bytes, Bytes),
     Close(oneshot::Sender<()>),
 }
 
@@ -810,6 +819,7 @@ pub struct SendHalf {
     tx: mpsc::Sender<Cmd>,
     shared: Arc<Shared>,
     max: usize,
+    chunk: usize,
     closed: bool,
 }
 
@@ -836,6 +846,30 @@ impl SendHalf {
             .send(Cmd::Send(msg))
             .await
             .map_err(|_| self.shared.error())
+    }
+
+    /// As [`send`](Self::send), for the message `head` followed by `body`
+    /// (e.g. a frame header and a payload), without joining them first: the
+    /// bytes are copied once, into registered memory, as they are posted.
+    pub async fn send_parts(&mut self, head: Bytes, body: Bytes) -> Result<(), Error> {
+        if self.closed {
+            return Err(Error::Closed);
+        }
+        let len = head.len() + body.len();
+        if len > self.max {
+            return Err(Error::MessageTooLarge { len, max: self.max });
+        }
+        self.tx
+            .send(Cmd::SendParts(head, body))
+            .await
+            .map_err(|_| self.shared.error())
+    }
+
+    /// Bytes per rendezvous chunk on this connection (§5.2): a message
+    /// larger than the eager limit moves in pieces of this size, so one whose
+    /// length is a multiple of it fills whole rendezvous buffers.
+    pub fn chunk_len(&self) -> usize {
+        self.chunk
     }
 
     /// Sends CLOSE after all queued messages and waits until it was
@@ -908,6 +942,7 @@ fn spawn_driver(
     let shared = Arc::new(Shared::new(cfg.recv_queue_bytes));
     let stats = Arc::new(ConnStats::default());
     stats.bump(|s| &s.connections, 1);
+    let chunk = engine.config().chunk_bytes();
     let max = cfg.max_message_bytes.min(peer_hello.max_message as usize);
     let keepalive_timer = Box::pin(tokio::time::sleep(cfg.keepalive));
     let spin = SpinBudget::new(cfg.poll_mode, cfg.busy_poll);
@@ -949,6 +984,7 @@ fn spawn_driver(
             tx,
             shared: shared.clone(),
             max,
+            chunk,
             closed: false,
         },
         recv: RecvHalf {
@@ -1095,6 +1131,7 @@ impl Driver {
     fn handle_cmd(&mut self, c: Option<Cmd>) {
         match c {
             Some(Cmd::Send(b)) => self.engine.submit(b),
+            Some(Cmd::SendParts(h, b)) => self.engine.submit_parts(h, b),
             Some(Cmd::Close(w)) => {
                 self.close_waiters.push(w);
                 self.engine.close();
@@ -1131,6 +1168,7 @@ impl Driver {
                     ok,
                     status: wc.status,
                     byte_len: wc.byte_len,
+                    imm: wc.imm,
                 };
                 if let Err(e) = self.engine.on_completion(c, &self.mem) {
                     return Err(match e {

@@ -130,6 +130,31 @@ pub enum PeerMisbehaved {
         /// Kind name.
         kind: &'static str,
     },
+    // ---- immediate data, §5.4 ----
+    /// An RDMA WRITE with immediate data arrived though this side's hello
+    /// did not offer it (or the peer's did not).
+    #[error("RDMA WRITE with immediate data {imm:#x}, which was not negotiated")]
+    ImmediateNotOffered {
+        /// The immediate data.
+        imm: u32,
+    },
+    /// A SEND carried immediate data (the protocol never sends one).
+    #[error("SEND with immediate data {imm:#x}")]
+    ImmediateOnSend {
+        /// The immediate data.
+        imm: u32,
+    },
+    /// Chunk immediate data whose LAST bit disagrees with its "chunks that
+    /// follow" field.
+    #[error("malformed chunk immediate data {imm:#x}")]
+    ImmediateMalformed {
+        /// The immediate data.
+        imm: u32,
+    },
+    /// One message's chunks were notified both ways: by CHUNK SENDs and by
+    /// immediate data.
+    #[error("a message mixes CHUNK and immediate-data chunk notifications")]
+    ChunkNotificationMixed,
     // ---- eager, §4.1 ----
     /// An EAGER message arrived while a rendezvous message was incomplete.
     #[error("eager message inside a rendezvous message")]

@@ -280,6 +280,7 @@ impl ConnMemory {
                         signaled,
                         inline,
                         remote: None,
+                        imm: None,
                     });
                 }
                 Action::PostWrite {
@@ -289,6 +290,7 @@ impl ConnMemory {
                     rkey,
                     wr_id,
                     signaled,
+                    imm,
                 } => {
                     let st = staging as usize;
                     assert!(st < self.sz.rdv_count && len <= self.sz.rdv_bytes);
@@ -300,6 +302,7 @@ impl ConnMemory {
                         signaled,
                         inline: false,
                         remote: Some((remote_addr, rkey)),
+                        imm,
                     });
                 }
             }

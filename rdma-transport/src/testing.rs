@@ -184,6 +184,7 @@ impl RawPeer {
                 rkey,
                 wr_id,
                 signaled: true,
+                imm: None,
             },
             wr_id,
         )

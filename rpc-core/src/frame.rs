@@ -349,6 +349,20 @@ pub fn encode_data(stream: u32, data: &[u8], end_stream: bool) -> Bytes {
     b.freeze()
 }
 
+/// The 6-byte header of a DATA frame whose payload is sent after it as a
+/// separate part (a gather, [`FrameSender::send_parts`](crate::conn::FrameSender::send_parts)):
+/// `encode_data_head(s, e) ++ data == encode_data(s, data, e)`.
+pub fn encode_data_head(stream: u32, end_stream: bool) -> Bytes {
+    let mut b = BytesMut::with_capacity(HEADER_LEN);
+    header(
+        &mut b,
+        kind::DATA,
+        if end_stream { FLAG_END_STREAM } else { 0 },
+        stream,
+    );
+    b.freeze()
+}
+
 /// Encodes RESET.
 pub fn encode_reset(stream: u32, code: u32, message: &str) -> Bytes {
     let mut b = BytesMut::with_capacity(HEADER_LEN + 6 + message.len());
@@ -579,6 +593,15 @@ mod tests {
     const LIM: DecodeLimits = DecodeLimits {
         max_metadata_bytes: 16 * 1024,
     };
+
+    #[test]
+    fn a_data_head_and_its_payload_make_the_data_frame() {
+        for end in [false, true] {
+            let mut v = encode_data_head(7, end).to_vec();
+            v.extend_from_slice(b"payload");
+            assert_eq!(v, encode_data(7, b"payload", end).to_vec());
+        }
+    }
 
     #[test]
     fn open_round_trip() {

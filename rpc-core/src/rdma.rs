@@ -59,6 +59,12 @@ impl FrameSender for RdmaSender {
     async fn send(&mut self, frame: Bytes) -> io::Result<()> {
         self.0.send(frame).await.map_err(to_io)
     }
+    async fn send_parts(&mut self, head: Bytes, body: Bytes) -> io::Result<()> {
+        self.0.send_parts(head, body).await.map_err(to_io)
+    }
+    fn frame_granule(&self) -> usize {
+        self.0.chunk_len()
+    }
     async fn close(&mut self) {
         self.0.close().await
     }

@@ -220,6 +220,26 @@ async fn handshake<S: FrameSender, R: FrameReceiver>(
         })?
 }
 
+/// DATA payloads at least this large are sent as a gather (frame header and
+/// payload as two parts) instead of being copied behind the header; smaller
+/// ones are copied, which keeps them batchable (§1.7).
+const GATHER_MIN_BYTES: usize = 8 << 10;
+
+/// Largest DATA payload per frame: at most `max_data_frame` and what the
+/// connection carries, and, where the transport has a preferred granule
+/// (RDMA: the rendezvous chunk), such that header + payload fill whole
+/// granules (a 1 MiB frame = four 256 KiB rendezvous buffers, not five).
+fn max_data_len(max_frame: usize, max_data_frame: usize, granule: usize) -> usize {
+    let frame_len = max_frame.min(max_data_frame.saturating_add(frame::HEADER_LEN));
+    let granule = granule.max(1);
+    let frame_len = if frame_len >= granule && granule > frame::HEADER_LEN {
+        frame_len - frame_len % granule
+    } else {
+        frame_len
+    };
+    frame_len.saturating_sub(frame::HEADER_LEN).max(1)
+}
+
 /// Runs the handshake and starts the session's tasks.
 pub(crate) async fn start<C: Connection>(
     conn: C,
@@ -236,11 +256,11 @@ pub(crate) async fn start<C: Connection>(
             return Err(e);
         }
     };
-    let max_data = tx
-        .max_frame_len()
-        .saturating_sub(frame::HEADER_LEN)
-        .min(config.max_data_frame)
-        .max(1);
+    let max_data = max_data_len(
+        tx.max_frame_len(),
+        config.max_data_frame,
+        tx.frame_granule(),
+    );
     // Frames queued together leave as one BATCH message when both sides
     // support it (§1.7): a unary call then costs one message each way.
     let batch_max = if peer.features & frame::FEATURE_BATCH != 0 {
@@ -365,7 +385,12 @@ impl Shared {
 
     /// Hands a frame to the outbox; false once the connection is closed.
     fn push(&self, frame: Bytes, budget: u32, flush: bool) -> bool {
-        match self.outbox.push(frame, budget, flush) {
+        self.push_parts(frame, Bytes::new(), budget, flush)
+    }
+
+    /// [`push`](Self::push) for the frame `head ++ body`, sent as a gather.
+    fn push_parts(&self, head: Bytes, body: Bytes, budget: u32, flush: bool) -> bool {
+        match self.outbox.push_parts(head, body, budget, flush) {
             Pushed::Queued => true,
             Pushed::Sent(sent) => {
                 self.sent(sent.budget, &sent.result);
@@ -389,6 +414,18 @@ impl Shared {
     /// Queues a DATA frame after taking its bytes from the queue budget;
     /// `last` (END_STREAM) sends it, with what is queued, from this task.
     async fn send_data(&self, frame: Bytes, n: usize, last: bool) -> Result<(), Status> {
+        self.send_data_parts(frame, Bytes::new(), n, last).await
+    }
+
+    /// [`send_data`](Self::send_data) for a DATA frame given as its header
+    /// and its payload (a gather: the payload is not copied here).
+    async fn send_data_parts(
+        &self,
+        frame: Bytes,
+        body: Bytes,
+        n: usize,
+        last: bool,
+    ) -> Result<(), Status> {
         let n32 = n.min(OUT_QUEUE_BYTES) as u32;
         if n32 > 0 {
             self.out_budget
@@ -397,7 +434,7 @@ impl Shared {
                 .map_err(|_| Status::unavailable("connection closed"))?
                 .forget();
         }
-        if self.push(frame, n32, last) {
+        if self.push_parts(frame, body, n32, last) {
             Ok(())
         } else {
             Err(self.closed_status())
@@ -538,8 +575,15 @@ impl Shared {
             let n = k;
             let chunk = data.split_to(n);
             let last = end_stream && data.is_empty();
-            self.send_data(frame::encode_data(id, &chunk, last), n, last)
-                .await?;
+            if chunk.len() >= GATHER_MIN_BYTES {
+                // Header and payload go to the transport as two parts: the
+                // payload is copied once, by the transport (issue 12).
+                self.send_data_parts(frame::encode_data_head(id, last), chunk, n, last)
+                    .await?;
+            } else {
+                self.send_data(frame::encode_data(id, &chunk, last), n, last)
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -826,5 +870,30 @@ impl Drop for CallGuard {
                 Status::cancelled("call cancelled by the client"),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_frames_fill_whole_granules() {
+        let h = frame::HEADER_LEN;
+        // Default: 1 MiB frames = four 256 KiB rendezvous buffers.
+        assert_eq!(
+            max_data_len(16 << 20, (1 << 20) - h, 256 << 10),
+            (1 << 20) - h
+        );
+        // A max_data_frame of a full 1 MiB would need a fifth buffer for
+        // its 6-byte header: rounded down to four.
+        assert_eq!(max_data_len(16 << 20, 1 << 20, 256 << 10), (1 << 20) - h);
+        assert_eq!(max_data_len(16 << 20, 3 << 20, 1 << 20), (3 << 20) - h);
+        // A granule larger than the frame, none, or the transport's own
+        // limit deciding.
+        assert_eq!(max_data_len(16 << 20, 1000, 256 << 10), 1000);
+        assert_eq!(max_data_len(16 << 20, 1000, 1), 1000);
+        assert_eq!(max_data_len(700, 1000, 1), 700 - h);
+        assert_eq!(max_data_len(0, 1000, 1), 1);
     }
 }

@@ -87,6 +87,9 @@ pub enum Action {
         wr_id: u64,
         /// Request a completion.
         signaled: bool,
+        /// Post as RDMA WRITE with this immediate data (§5.4): the chunk
+        /// notification, consuming one of the peer's receive buffers.
+        imm: Option<u32>,
     },
 }
 
@@ -108,8 +111,24 @@ pub struct Completion {
     pub ok: bool,
     /// Raw status (for error messages).
     pub status: u32,
-    /// Bytes received (receives only).
+    /// Bytes received (receives only; for an RDMA WRITE with immediate
+    /// data, the bytes the WRITE placed).
     pub byte_len: u32,
+    /// Immediate data that came with a receive completion (§5.4).
+    pub imm: Imm,
+}
+
+/// Immediate data of a receive completion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Imm {
+    /// None: a plain SEND (or not a receive).
+    #[default]
+    None,
+    /// An RDMA WRITE with immediate data landed (`IBV_WC_RECV_RDMA_WITH_IMM`):
+    /// a chunk notification (§5.4).
+    Write(u32),
+    /// A SEND with immediate data: never sent by this protocol.
+    Send(u32),
 }
 
 /// Engine failures: both are fatal for the connection.
@@ -155,6 +174,9 @@ pub struct EngineConfig {
     pub signal_every: u32,
     /// Device max_inline_data for this QP.
     pub max_inline: usize,
+    /// Both hellos offered RDMA WRITE with immediate data (§2.1 flags,
+    /// §5.4): chunks are notified by the WRITE's immediate, not a SEND.
+    pub write_imm: bool,
     /// The peer's hello.
     pub peer: Hello,
 }
@@ -182,13 +204,35 @@ enum Held {
 }
 
 enum Outgoing {
-    Msg { data: Bytes, off: usize },
+    /// `head` then `body`, one message (a gather: neither is copied until
+    /// the bytes go into a send slot or a staging buffer).
+    Msg {
+        head: Bytes,
+        body: Bytes,
+        off: usize,
+    },
     Close,
+}
+
+/// Copies `dst.len()` bytes of the concatenation `head ++ body`, starting at
+/// `start`, into `dst` (the caller keeps `start + dst.len()` within it).
+fn copy_gather(head: &[u8], body: &[u8], start: usize, dst: &mut [u8]) {
+    let n = dst.len();
+    if start < head.len() {
+        let h = (head.len() - start).min(n);
+        dst[..h].copy_from_slice(&head[start..start + h]);
+        dst[h..].copy_from_slice(&body[..n - h]);
+    } else {
+        let b = start - head.len();
+        dst.copy_from_slice(&body[b..b + n]);
+    }
 }
 
 struct Reassembly {
     buf: BytesMut,
-    total: usize,
+    /// Total length announced by CHUNK notifications; unknown (None) for a
+    /// message notified by immediates (§5.4).
+    total: Option<usize>,
 }
 
 /// Counters the engine maintains; the driver copies them into stats.
@@ -357,8 +401,16 @@ impl Engine {
     /// Queues a message. The caller must already have checked the length
     /// against the peer's `max_message`.
     pub fn submit(&mut self, data: Bytes) {
-        self.pending_bytes += data.len();
-        self.pending.push_back(Outgoing::Msg { data, off: 0 });
+        self.submit_parts(Bytes::new(), data);
+    }
+
+    /// Queues one message made of `head` followed by `body`, without
+    /// joining them: the bytes are copied once, into the send slot (eager)
+    /// or the staging buffers (rendezvous). The caller must already have
+    /// checked the total length against the peer's `max_message`.
+    pub fn submit_parts(&mut self, head: Bytes, body: Bytes) {
+        self.pending_bytes += head.len() + body.len();
+        self.pending.push_back(Outgoing::Msg { head, body, off: 0 });
     }
 
     /// Queues the CLOSE marker (§6); no message may be submitted after it.
@@ -484,7 +536,15 @@ impl Engine {
             return Self::proto(PeerMisbehaved::StaleReceive { wr_id: c.wr_id });
         }
         let len = c.byte_len as usize;
-        if len > self.cfg.recv_slot_bytes {
+        let write_imm = match c.imm {
+            Imm::None => None,
+            Imm::Write(imm) if self.cfg.write_imm => Some(imm),
+            Imm::Write(imm) => return Self::proto(PeerMisbehaved::ImmediateNotOffered { imm }),
+            Imm::Send(imm) => return Self::proto(PeerMisbehaved::ImmediateOnSend { imm }),
+        };
+        // An RDMA WRITE with immediate placed its bytes in our rendezvous
+        // region, not in the slot: its length is checked in on_imm_chunk.
+        if write_imm.is_none() && len > self.cfg.recv_slot_bytes {
             return Self::proto(PeerMisbehaved::ReceiveExceedsSlot {
                 len,
                 slot: self.cfg.recv_slot_bytes,
@@ -498,6 +558,18 @@ impl Engine {
             self.wait_first_recv = false;
         }
         self.heard = true;
+        if let Some(imm) = write_imm {
+            // §5.4: a chunk notified by its WRITE's immediate data. It
+            // carries no returns and is data like a CHUNK SEND.
+            if self.peer_closed {
+                return Self::proto(PeerMisbehaved::AfterClose {
+                    kind: "WRITE_WITH_IMM",
+                });
+            }
+            self.on_imm_chunk(imm, len, bufs)?;
+            self.owed_data += 1;
+            return self.repost(slot, gen);
+        }
         let data = &bufs.recv_slot(slot)[..len];
         let h = Header::decode(data).map_err(EngineError::Protocol)?;
         // §4.2: credits returned by the peer (u64: no overflow whatever it sends).
@@ -564,6 +636,12 @@ impl Engine {
                 self.owed_data += 1;
             }
         }
+        self.repost(slot, gen)
+    }
+
+    /// §4.2, §4.3: checks the receive used a credit we granted, reposts
+    /// the slot and makes its credit returnable.
+    fn repost(&mut self, slot: u32, gen: u32) -> Result<(), EngineError> {
         // §4.2: every SEND consumed a credit we granted. Slots received but
         // not yet returned can exceed the ring only if the peer sent without
         // a credit (it cannot hold credits we have not returned yet).
@@ -595,19 +673,7 @@ impl Engine {
             return Self::proto(PeerMisbehaved::ChunkWithPayload { len });
         }
         let idx = h.rdv_index;
-        if idx >= self.cfg.rdv_count {
-            return Self::proto(PeerMisbehaved::ChunkUnknownBuffer {
-                index: idx,
-                count: self.cfg.rdv_count,
-            });
-        }
-        if self.rdv_peer_held == 0 || idx != self.rdv_expected {
-            return Self::proto(PeerMisbehaved::ChunkBufferNotGranted {
-                index: idx,
-                expected: self.rdv_expected,
-                held: self.rdv_peer_held,
-            });
-        }
+        self.check_chunk_buffer(idx)?;
         // Our own region (idx < rdv_count, checked): registered memory, so
         // the end address exists and nothing here can overflow.
         let expect_addr = self.cfg.rdv_addr + u64::from(idx) * self.cfg.rdv_bytes as u64;
@@ -633,24 +699,28 @@ impl Engine {
             });
         }
         let total = total as usize; // <= max_message, a usize
-                                    // Memory follows the data that actually arrived: a notification
-                                    // claiming a huge total reserves at most REASSEMBLY_RESERVE up front,
-                                    // and the buffer grows as chunks land (large reallocations are
-                                    // mremap'ed, not copied).
+        let last = h.flags & FLAG_LAST != 0;
+        // Memory follows the data that actually arrived: a notification
+        // claiming a huge total reserves at most REASSEMBLY_RESERVE up front,
+        // and the buffer grows as chunks land (large reallocations are
+        // mremap'ed, not copied).
         let r = self.reasm.get_or_insert_with(|| Reassembly {
             buf: BytesMut::with_capacity(total.min(REASSEMBLY_RESERVE)),
-            total,
+            total: Some(total),
         });
-        if r.total != total {
-            return Self::proto(PeerMisbehaved::ChunkTotalChanged {
-                was: r.total as u64,
-                now: total as u64,
-            });
+        match r.total {
+            None => return Self::proto(PeerMisbehaved::ChunkNotificationMixed),
+            Some(was) if was != total => {
+                return Self::proto(PeerMisbehaved::ChunkTotalChanged {
+                    was: was as u64,
+                    now: total as u64,
+                })
+            }
+            Some(_) => {}
         }
         // Both terms are bounded (received bytes <= total <= max_message,
         // clen <= rdv_bytes), so the sum cannot overflow.
         let end = r.buf.len() + clen;
-        let last = h.flags & FLAG_LAST != 0;
         if end > total {
             return Self::proto(PeerMisbehaved::ChunkOverrun {
                 end: end as u64,
@@ -664,6 +734,82 @@ impl Engine {
                 total: total as u64,
             });
         }
+        self.land_chunk(idx, clen, last, bufs);
+        Ok(())
+    }
+
+    /// §5.4: validates a chunk notified by an RDMA WRITE's immediate data
+    /// (`len` = the bytes the WRITE placed) before touching the buffer.
+    fn on_imm_chunk<B: Buffers + ?Sized>(
+        &mut self,
+        imm: u32,
+        len: usize,
+        bufs: &B,
+    ) -> Result<(), EngineError> {
+        let (idx, following, last) = wire::parse_chunk_imm(imm);
+        if last != (following == 0) {
+            return Self::proto(PeerMisbehaved::ImmediateMalformed { imm });
+        }
+        self.check_chunk_buffer(idx)?;
+        if len == 0 || len > self.cfg.rdv_bytes {
+            return Self::proto(PeerMisbehaved::ChunkLength {
+                len: len as u32,
+                max: self.cfg.rdv_bytes,
+            });
+        }
+        let max = self.cfg.max_message;
+        let cap = if last {
+            len
+        } else {
+            // A hint from the peer, bounded: it only sizes the first
+            // reservation (at most REASSEMBLY_RESERVE), never a check.
+            (following as usize + 1)
+                .saturating_mul(self.cfg.rdv_bytes)
+                .min(REASSEMBLY_RESERVE)
+                .min(max)
+        };
+        let r = self.reasm.get_or_insert_with(|| Reassembly {
+            buf: BytesMut::with_capacity(cap),
+            total: None,
+        });
+        if r.total.is_some() {
+            return Self::proto(PeerMisbehaved::ChunkNotificationMixed);
+        }
+        // received <= max_message and len <= rdv_bytes: no overflow.
+        let end = r.buf.len() + len;
+        if end > max {
+            return Self::proto(PeerMisbehaved::MessageTooLarge {
+                total: end as u64,
+                max,
+            });
+        }
+        self.land_chunk(idx, len, last, bufs);
+        Ok(())
+    }
+
+    /// §5.3: a notification may only name the next buffer in round-robin
+    /// order, and only while the peer holds a grant.
+    fn check_chunk_buffer(&self, idx: u32) -> Result<(), EngineError> {
+        if idx >= self.cfg.rdv_count {
+            return Self::proto(PeerMisbehaved::ChunkUnknownBuffer {
+                index: idx,
+                count: self.cfg.rdv_count,
+            });
+        }
+        if self.rdv_peer_held == 0 || idx != self.rdv_expected {
+            return Self::proto(PeerMisbehaved::ChunkBufferNotGranted {
+                index: idx,
+                expected: self.rdv_expected,
+                held: self.rdv_peer_held,
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies a validated chunk out of rendezvous buffer `idx` into the
+    /// message being reassembled; the buffer is free to re-advertise.
+    fn land_chunk<B: Buffers + ?Sized>(&mut self, idx: u32, clen: usize, last: bool, bufs: &B) {
+        let r = self.reasm.as_mut().expect("reassembly present");
         bufs.append_rdv(idx, clen, &mut r.buf);
         self.rdv_peer_held -= 1;
         self.rdv_expected = (idx + 1) % self.cfg.rdv_count;
@@ -671,11 +817,11 @@ impl Engine {
         self.rdv_owed += 1;
         if last {
             let r = self.reasm.take().expect("reassembly present");
+            let msg = r.buf.freeze();
             self.counters.msgs_recv += 1;
-            self.counters.bytes_recv += r.total as u64;
-            self.events.push_back(Event::Message(r.buf.freeze()));
+            self.counters.bytes_recv += msg.len() as u64;
+            self.events.push_back(Event::Message(msg));
         }
-        Ok(())
     }
 
     fn fill_returns(&mut self, h: &mut Header) {
@@ -714,7 +860,7 @@ impl Engine {
         &mut self,
         bufs: &mut B,
         mut h: Header,
-        payload: &[u8],
+        payload: (&[u8], &[u8]),
         force_signal: bool,
     ) {
         let slot = self
@@ -727,8 +873,9 @@ impl Engine {
         }
         let b = bufs.send_slot(slot);
         h.encode(&mut b[..HDR_LEN]);
-        b[HDR_LEN..HDR_LEN + payload.len()].copy_from_slice(payload);
-        let len = HDR_LEN + payload.len();
+        let plen = payload.0.len() + payload.1.len();
+        copy_gather(payload.0, payload.1, 0, &mut b[HDR_LEN..HDR_LEN + plen]);
+        let len = HDR_LEN + plen;
         let inline = len <= self.cfg.max_inline;
         if inline {
             self.counters.inline_sends += 1;
@@ -765,38 +912,41 @@ impl Engine {
                 Outgoing::Close => {
                     self.pending.pop_front();
                     let h = Header::new(Kind::Close);
-                    self.post_send_slot(bufs, h, &[], true);
+                    self.post_send_slot(bufs, h, (&[], &[]), true);
                     self.close_sent = true;
                 }
-                Outgoing::Msg { data, off } if data.len() <= eager_max => {
-                    let data = data.clone();
+                Outgoing::Msg { head, body, off } if head.len() + body.len() <= eager_max => {
+                    let (head, body) = (head.clone(), body.clone());
                     debug_assert_eq!(*off, 0);
                     self.pending.pop_front();
-                    self.pending_bytes -= data.len();
+                    let n = head.len() + body.len();
+                    self.pending_bytes -= n;
                     let mut h = Header::new(Kind::Eager);
-                    h.len = data.len() as u32;
-                    self.post_send_slot(bufs, h, &data, false);
+                    h.len = n as u32;
+                    self.post_send_slot(bufs, h, (&head, &body), false);
                     self.counters.eager_sends += 1;
                     self.counters.msgs_sent += 1;
-                    self.counters.bytes_sent += data.len() as u64;
+                    self.counters.bytes_sent += n as u64;
                 }
-                Outgoing::Msg { data, off } => {
-                    // §5.2: one chunk = WRITE into the next peer buffer + notify SEND.
+                Outgoing::Msg { head, body, off } => {
+                    // §5.2: one chunk = WRITE into the next peer buffer +
+                    // notification (a SEND, or the WRITE's immediate, §5.4).
                     if !rdv_ready {
                         break;
                     }
-                    let total = data.len();
+                    let total = head.len() + body.len();
                     let clen = self.chunk.min(total - *off);
                     let start = *off;
                     *off += clen;
                     let last = *off == total;
-                    let data = data.clone();
+                    let remaining = total - *off;
+                    let (head, body) = (head.clone(), body.clone());
                     if last {
                         self.pending.pop_front();
                     }
                     self.pending_bytes -= clen;
                     let st = self.free_staging.pop_front().expect("checked");
-                    bufs.staging(st)[..clen].copy_from_slice(&data[start..start + clen]);
+                    copy_gather(&head, &body, start, &mut bufs.staging(st)[..clen]);
                     let idx = self.peer_rdv_next;
                     self.peer_rdv_next = (idx + 1) % self.cfg.peer.rdv_count;
                     self.peer_rdv_avail -= 1;
@@ -804,6 +954,32 @@ impl Engine {
                     // not to wrap (Hello::validate in new), so no overflow.
                     let remote_addr = self.cfg.peer.rdv_addr
                         + u64::from(idx) * u64::from(self.cfg.peer.rdv_bytes);
+                    self.counters.rdv_writes += 1;
+                    self.counters.rdv_bytes += clen as u64;
+                    if last {
+                        self.counters.msgs_sent += 1;
+                        self.counters.bytes_sent += total as u64;
+                    }
+                    if self.cfg.write_imm {
+                        // §5.4: the WRITE's immediate data is the
+                        // notification; it consumes a receive buffer (a
+                        // credit) at the peer like a SEND. Signalled so the
+                        // staging buffer is released promptly.
+                        let following = remaining.div_ceil(self.chunk);
+                        let imm = wire::chunk_imm(idx, following, last);
+                        let (wr_id, _) = self.push_record(Some(Held::Staging(st)), true);
+                        self.actions.push(Action::PostWrite {
+                            staging: st,
+                            len: clen,
+                            remote_addr,
+                            rkey: self.cfg.peer.rdv_rkey,
+                            wr_id,
+                            signaled: true,
+                            imm: Some(imm),
+                        });
+                        self.credits -= 1;
+                        continue;
+                    }
                     let (wr_id, signaled) = self.push_record(Some(Held::Staging(st)), false);
                     self.actions.push(Action::PostWrite {
                         staging: st,
@@ -812,9 +988,8 @@ impl Engine {
                         rkey: self.cfg.peer.rdv_rkey,
                         wr_id,
                         signaled,
+                        imm: None,
                     });
-                    self.counters.rdv_writes += 1;
-                    self.counters.rdv_bytes += clen as u64;
                     let mut h = Header::new(Kind::Chunk);
                     h.len = clen as u32;
                     h.rdv_index = idx;
@@ -822,11 +997,9 @@ impl Engine {
                     h.addr = remote_addr;
                     if last {
                         h.flags |= FLAG_LAST;
-                        self.counters.msgs_sent += 1;
-                        self.counters.bytes_sent += total as u64;
                     }
                     // Signal the notify so the staging buffer is released promptly.
-                    self.post_send_slot(bufs, h, &[], true);
+                    self.post_send_slot(bufs, h, (&[], &[]), true);
                 }
             }
         }
@@ -842,18 +1015,24 @@ impl Engine {
                 rkey: self.cfg.peer.rdv_rkey,
                 wr_id,
                 signaled,
+                imm: None,
             });
         }
         // §4.3: explicit credit message when returns are due and no data
         // carried them. Slots consumed by credit messages alone only trigger
         // a return once half the ring is owed, so credit messages cannot
         // ping-pong.
+        // §5.3: rendezvous buffers go back in batches while a message is
+        // still arriving (half the region at a time), all at once when it
+        // is complete.
         let half = (self.cfg.recv_slots / 2).max(1);
-        let owed = self.owed_data >= half || self.owed_total >= half || self.rdv_owed > 0;
+        let rdv_half = (self.cfg.rdv_count / 2).max(1);
+        let rdv_due = self.rdv_owed >= rdv_half || (self.rdv_owed > 0 && self.reasm.is_none());
+        let owed = self.owed_data >= half || self.owed_total >= half || rdv_due;
         let due = (owed && !self.hold_returns) || self.force_credit;
         if due && self.credits >= 1 && !self.free_send.is_empty() && self.sq_room(1) {
             let h = Header::new(Kind::Credit);
-            self.post_send_slot(bufs, h, &[], false);
+            self.post_send_slot(bufs, h, (&[], &[]), false);
             self.counters.credit_msgs += 1;
             self.force_credit = false;
         }

@@ -47,6 +47,8 @@ struct P {
     rdv_bytes: usize,
     signal_every: u32,
     inline: usize,
+    /// Offers RDMA WRITE with immediate data (§5.4).
+    imm: bool,
 }
 
 impl P {
@@ -59,12 +61,17 @@ impl P {
             rdv_bytes: 4096,
             signal_every: 3,
             inline: 64,
+            imm: false,
         }
     }
     fn hello(&self) -> Hello {
         Hello {
             version: VERSION,
-            flags: 0,
+            flags: if self.imm {
+                wire::HELLO_FLAG_WRITE_IMM
+            } else {
+                0
+            },
             credits: self.slots,
             recv_slot_bytes: self.slot as u32,
             rdv_count: self.rdv_count,
@@ -100,6 +107,7 @@ impl P {
             max_message: 1 << 30,
             signal_every: self.signal_every,
             max_inline: self.inline,
+            write_imm: self.imm && peer.imm,
             peer: peer.hello(),
         })
         .expect("valid peer hello")
@@ -120,6 +128,7 @@ enum Op {
         rkey: u32,
         wr_id: u64,
         signaled: bool,
+        imm: Option<u32>,
     },
 }
 
@@ -174,6 +183,7 @@ impl Side {
                     rkey,
                     wr_id,
                     signaled,
+                    imm,
                 } => self.wire.push_back(Op::Write {
                     staging,
                     len,
@@ -181,6 +191,7 @@ impl Side {
                     rkey,
                     wr_id,
                     signaled,
+                    imm,
                 }),
             }
         }
@@ -231,6 +242,7 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
                 ok: true,
                 status: 0,
                 byte_len: len as u32,
+                imm: Imm::None,
             });
             if signaled {
                 from.cq.push_back(Completion {
@@ -238,6 +250,7 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
                     ok: true,
                     status: 0,
                     byte_len: 0,
+                    imm: Imm::None,
                 });
             }
         }
@@ -248,18 +261,34 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             rkey,
             wr_id,
             signaled,
+            imm,
         } => {
             assert_eq!(rkey, 0x77);
             let off = (addr - RDV_BASE) as usize;
             assert!(off + len <= to.mem.rdv.len(), "WRITE out of bounds");
             let src = from.mem.staging(staging)[..len].to_vec();
             to.mem.rdv[off..off + len].copy_from_slice(&src);
+            if let Some(v) = imm {
+                // §5.4: WRITE with immediate consumes a posted receive.
+                let rwr = to
+                    .posted
+                    .pop_front()
+                    .expect("RNR: WRITE_WITH_IMM with no posted receive");
+                to.cq.push_back(Completion {
+                    wr_id: rwr,
+                    ok: true,
+                    status: 0,
+                    byte_len: len as u32,
+                    imm: Imm::Write(v),
+                });
+            }
             if signaled {
                 from.cq.push_back(Completion {
                     wr_id,
                     ok: true,
                     status: 0,
                     byte_len: 0,
+                    imm: Imm::None,
                 });
             }
         }
@@ -297,7 +326,7 @@ fn check_credit_invariant(from: &Side, to: &Side, ring: u32) {
     let in_wire = from
         .wire
         .iter()
-        .filter(|o| matches!(o, Op::Send { .. }))
+        .filter(|o| matches!(o, Op::Send { .. } | Op::Write { imm: Some(_), .. }))
         .count() as u32;
     let in_cq = to.cq.iter().filter(|c| c.wr_id >> 56 == WR_RECV).count() as u32;
     // Credits already returned by `to` but not yet applied by `from`.
@@ -308,7 +337,12 @@ fn check_credit_invariant(from: &Side, to: &Side, ring: u32) {
             returning += Header::decode(b).unwrap().credit_return as u32;
         }
     }
-    for c in from.cq.iter().filter(|c| c.wr_id >> 56 == WR_RECV) {
+    // (A WRITE with immediate carries no header, hence no returns.)
+    for c in from
+        .cq
+        .iter()
+        .filter(|c| c.wr_id >> 56 == WR_RECV && c.imm == Imm::None)
+    {
         let slot = (c.wr_id & 0xffff_ffff) as usize;
         let b = &from.mem.recv[slot * from.mem.slot..];
         returning += Header::decode(b).unwrap().credit_return as u32;
@@ -336,7 +370,15 @@ fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Sid
         assert!(steps < 10_000_000, "no progress (deadlock?)");
         // Submit with back-pressure like the driver: at most 2 queued.
         if ia < a_msgs.len() && a.e.pending_msgs() < 2 && rng.next().is_multiple_of(3) {
-            a.e.submit(pattern(ia as u64, a_msgs[ia]));
+            let m = pattern(ia as u64, a_msgs[ia]);
+            if rng.next().is_multiple_of(2) {
+                // A gather (head, body), split anywhere: same bytes arrive.
+                let mut body = m.clone();
+                let head = body.split_to(rng.next() as usize % (m.len() + 1));
+                a.e.submit_parts(head, body);
+            } else {
+                a.e.submit(m);
+            }
             ia += 1;
             if ia == a_msgs.len() {
                 a.e.close();
@@ -544,6 +586,7 @@ fn inject(
             ok: true,
             status: 0,
             byte_len: (HDR_LEN + extra.len()) as u32,
+            imm: Imm::None,
         },
         mem,
     )
@@ -684,6 +727,7 @@ fn malformed_notifications_rejected() {
             ok: true,
             status: 0,
             byte_len: 32,
+            imm: Imm::None,
         },
         &m,
     );
@@ -695,6 +739,7 @@ fn malformed_notifications_rejected() {
             ok: true,
             status: 0,
             byte_len: 3,
+            imm: Imm::None,
         },
         &m,
     );
@@ -706,6 +751,7 @@ fn malformed_notifications_rejected() {
             ok: true,
             status: 0,
             byte_len: 257,
+            imm: Imm::None,
         },
         &m,
     );
@@ -798,6 +844,7 @@ fn malformed_notifications_rejected() {
             ok: true,
             status: 0,
             byte_len: 0,
+            imm: Imm::None,
         },
         &m,
     );
@@ -1002,6 +1049,7 @@ fn failed_completion_is_error() {
             ok: false,
             status: 5,
             byte_len: 0,
+            imm: Imm::None,
         },
         &m,
     );
@@ -1035,6 +1083,9 @@ proptest! {
         let mut pb = P::small();
         pb.rdv_count = 4 - rdv_count.min(3);
         pb.slot = 320;
+        // §5.4: immediates only when both offer them; any mix must work.
+        pa.imm = seed & 2 != 0;
+        pb.imm = seed & 4 != 0;
         run_pair(pa, pb, &a_msgs, &b_msgs, seed);
     }
 }
@@ -1073,4 +1124,225 @@ fn the_passive_side_answers_the_first_message_at_once() {
     // The answer is a one-off: nothing more goes out on either side.
     b.process(8);
     assert!(a.wire.is_empty() && b.wire.is_empty());
+}
+
+// ---- gather sends, batched returns and immediate-data chunks (§5.3, §5.4) ----
+
+/// §5.4: with both sides offering immediates, every chunk is one WRITE with
+/// immediate data (no notification SEND), the bytes arrive intact (gather
+/// sends included) and the credit accounting still balances (`run_pair`).
+#[test]
+fn write_with_imm_replaces_the_chunk_send() {
+    let mut p = P::small();
+    p.imm = true;
+    let msgs = vec![5, 4097, 3 * 4096, 3 * 4096 + 1, 20_000, 100];
+    let (a, b) = run_pair(p, p, &msgs, &msgs, 9);
+    let chunks = 2 + 3 + 4 + 5;
+    assert_eq!(a.e.counters.rdv_writes, chunks);
+    assert!(a.e.config().write_imm && b.e.config().write_imm);
+    // Without immediates the same traffic needs a SEND per chunk on top.
+    let mut q = P::small();
+    q.imm = false;
+    let (c, _) = run_pair(q, q, &msgs, &msgs, 9);
+    assert_eq!(c.e.counters.rdv_writes, chunks);
+    assert!(!c.e.config().write_imm);
+    // Only one side offering: no immediates either way (§2.1).
+    let (d, e) = run_pair(p, q, &msgs, &msgs, 9);
+    assert!(!d.e.config().write_imm && !e.e.config().write_imm);
+}
+
+/// §5.3: while a long message arrives, buffers go back in batches of half
+/// the region, not one CREDIT message per chunk.
+#[test]
+fn rendezvous_returns_are_batched() {
+    let mut p = P::small();
+    p.rdv_count = 8;
+    for imm in [false, true] {
+        p.imm = imm;
+        let total = 64 * 4096;
+        let (_, b) = run_pair(p, p, &[total], &[], 21);
+        let credit_msgs = b.e.counters.credit_msgs;
+        assert!(
+            credit_msgs <= 64 / 4 + 4,
+            "imm={imm}: {credit_msgs} credit messages for 64 chunks"
+        );
+    }
+}
+
+/// A gather's head and body land in order across chunk boundaries.
+#[test]
+fn gather_parts_cross_chunk_boundaries() {
+    let p = P::small();
+    let mut a = Side::new(&p, &p);
+    let mut b = Side::new(&p, &p);
+    let whole = pattern(77, 3 * 4096 + 10);
+    for cut in [0, 6, 4095, 4096, 4097, whole.len()] {
+        let mut body = whole.clone();
+        let head = body.split_to(cut);
+        a.e.submit_parts(head, body);
+    }
+    let mut guard = 0;
+    while b.got.len() < 6 {
+        guard += 1;
+        assert!(guard < 10_000);
+        a.process(64);
+        while deliver(&mut a, &mut b) {}
+        b.process(64);
+        while deliver(&mut b, &mut a) {}
+    }
+    for m in &b.got {
+        assert_eq!(m, &whole);
+    }
+}
+
+fn imm_receiver() -> (Engine, Mem, P) {
+    let mut p = P::small();
+    p.imm = true;
+    let e = p.engine(&p);
+    (e, p.mem(), p)
+}
+
+fn inject_imm(e: &mut Engine, mem: &Mem, slot: u32, imm: Imm, len: u32) -> Result<(), EngineError> {
+    e.on_completion(
+        Completion {
+            wr_id: recv_wr_id(slot, 0),
+            ok: true,
+            status: 0,
+            byte_len: len,
+            imm,
+        },
+        mem,
+    )
+}
+
+/// Forged immediates (§5.4): each closes the connection with its own
+/// violation and never reads outside the region.
+#[test]
+fn forged_immediates_rejected() {
+    use wire::chunk_imm;
+    use PeerMisbehaved as V;
+    // Not negotiated (our hello did not offer it).
+    let (mut e, m, _) = receiver();
+    let imm = chunk_imm(0, 0, true);
+    assert_eq!(
+        violation(inject_imm(&mut e, &m, 0, Imm::Write(imm), 10)),
+        V::ImmediateNotOffered { imm }
+    );
+    // A SEND with immediate data.
+    let (mut e, m, _) = imm_receiver();
+    assert_eq!(
+        violation(inject_imm(&mut e, &m, 0, Imm::Send(7), 32)),
+        V::ImmediateOnSend { imm: 7 }
+    );
+    // An index outside the region, and one not next in round-robin order.
+    let (mut e, m, _) = imm_receiver();
+    assert_eq!(
+        violation(inject_imm(
+            &mut e,
+            &m,
+            0,
+            Imm::Write(chunk_imm(3, 0, true)),
+            10
+        )),
+        V::ChunkUnknownBuffer { index: 3, count: 3 }
+    );
+    let (mut e, m, _) = imm_receiver();
+    assert_eq!(
+        violation(inject_imm(
+            &mut e,
+            &m,
+            0,
+            Imm::Write(chunk_imm(1, 0, true)),
+            10
+        )),
+        V::ChunkBufferNotGranted {
+            index: 1,
+            expected: 0,
+            held: 3
+        }
+    );
+    // Zero bytes, or more than a buffer (a WRITE can place more than a slot).
+    for len in [0, 4097] {
+        let (mut e, m, _) = imm_receiver();
+        assert_eq!(
+            violation(inject_imm(
+                &mut e,
+                &m,
+                0,
+                Imm::Write(chunk_imm(0, 0, true)),
+                len
+            )),
+            V::ChunkLength { len, max: 4096 }
+        );
+    }
+    // LAST disagreeing with "chunks that follow".
+    let (mut e, m, _) = imm_receiver();
+    let bad = chunk_imm(0, 0, false);
+    assert_eq!(
+        violation(inject_imm(&mut e, &m, 0, Imm::Write(bad), 10)),
+        V::ImmediateMalformed { imm: bad }
+    );
+    // A buffer claimed again before we returned it (all 3 consumed).
+    let (mut e, m, _) = imm_receiver();
+    for i in 0..3u32 {
+        inject_imm(&mut e, &m, i, Imm::Write(chunk_imm(i, 5, false)), 4096).unwrap();
+    }
+    assert_eq!(
+        violation(inject_imm(
+            &mut e,
+            &m,
+            3,
+            Imm::Write(chunk_imm(0, 4, false)),
+            4096
+        )),
+        V::ChunkBufferNotGranted {
+            index: 0,
+            expected: 0,
+            held: 0
+        }
+    );
+    // Mixing notification kinds inside one message, both ways.
+    let (mut e, mut m, _) = imm_receiver();
+    inject_imm(&mut e, &m, 0, Imm::Write(chunk_imm(0, 1, false)), 4096).unwrap();
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 1, 0, chunk(1, 10, 4106, true), &[])),
+        V::ChunkNotificationMixed
+    );
+    let (mut e, mut m, _) = imm_receiver();
+    inject(&mut e, &mut m, 0, 0, chunk(0, 4096, 4106, false), &[]).unwrap();
+    assert_eq!(
+        violation(inject_imm(
+            &mut e,
+            &m,
+            1,
+            Imm::Write(chunk_imm(1, 0, true)),
+            10
+        )),
+        V::ChunkNotificationMixed
+    );
+    // An EAGER inside an immediate-notified message.
+    let (mut e, mut m, _) = imm_receiver();
+    inject_imm(&mut e, &m, 0, Imm::Write(chunk_imm(0, 1, false)), 4096).unwrap();
+    let mut h = Header::new(Kind::Eager);
+    h.len = 1;
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 1, 0, h, &[1])),
+        V::EagerInsideRendezvous
+    );
+    // A hint of 0x7fff chunks to follow reserves at most REASSEMBLY_RESERVE.
+    let (mut e, m, _) = imm_receiver();
+    inject_imm(
+        &mut e,
+        &m,
+        0,
+        Imm::Write(chunk_imm(0, 1 << 20, false)),
+        4096,
+    )
+    .unwrap();
+    assert!(e.reassembly_capacity() <= REASSEMBLY_RESERVE);
+    // A valid immediate chunk delivers the bytes of the buffer it names.
+    let (mut e, mut m, _) = imm_receiver();
+    m.rdv[..3].copy_from_slice(b"abc");
+    inject_imm(&mut e, &m, 0, Imm::Write(chunk_imm(0, 0, true)), 3).unwrap();
+    assert!(matches!(e.next_event(), Some(Event::Message(b)) if &b[..] == b"abc"));
 }

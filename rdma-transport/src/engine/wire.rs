@@ -54,12 +54,42 @@ pub const FLAG_LAST: u8 = 1;
 /// Flag bit: the sender has received our CLOSE, hence all our messages (§6).
 pub const FLAG_CLOSE_SEEN: u8 = 2;
 
+/// Hello flag bit: the sender accepts chunk notifications by RDMA WRITE
+/// with immediate data, and sends them that way if the peer does too (§2.1,
+/// §5.4). Set on InfiniBand/RoCE devices; iWARP has no immediate data.
+pub const HELLO_FLAG_WRITE_IMM: u16 = 1;
+/// Every hello flag this version knows; any other bit is refused.
+pub const HELLO_FLAGS_KNOWN: u16 = HELLO_FLAG_WRITE_IMM;
+
+/// Immediate data bit of the last chunk of a message (§5.4).
+pub const IMM_LAST: u32 = 1 << 31;
+/// Largest "chunks that follow" hint an immediate carries (§5.4).
+pub const IMM_FOLLOWING_MAX: u32 = 0x7fff;
+
+/// Immediate data of a chunk WRITE (§5.4): bits 0–15 the rendezvous buffer
+/// index, bits 16–30 how many chunks of the message follow (a sizing hint,
+/// saturating at [`IMM_FOLLOWING_MAX`]), bit 31 LAST. `index` is below
+/// `MAX_RDV_COUNT` (4096), so it fits.
+pub fn chunk_imm(index: u32, following: usize, last: bool) -> u32 {
+    let following = following.min(IMM_FOLLOWING_MAX as usize) as u32;
+    (index & 0xffff) | (following << 16) | if last { IMM_LAST } else { 0 }
+}
+
+/// Splits chunk immediate data into (index, following, last) (§5.4).
+pub fn parse_chunk_imm(imm: u32) -> (u32, u32, bool) {
+    (
+        imm & 0xffff,
+        (imm >> 16) & IMM_FOLLOWING_MAX,
+        imm & IMM_LAST != 0,
+    )
+}
+
 /// Connection parameters exchanged in the rdma_cm private data (§2.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
     /// Protocol version of the sender.
     pub version: u16,
-    /// Reserved flags (0).
+    /// Flags: [`HELLO_FLAG_WRITE_IMM`]; other bits are refused.
     pub flags: u16,
     /// Receive buffers pre-posted by the sender = initial credits of the peer.
     pub credits: u32,
@@ -146,7 +176,14 @@ impl Hello {
                 })
             }
         };
-        range("flags", self.flags.into(), 0, 0)?;
+        if self.flags & !HELLO_FLAGS_KNOWN != 0 {
+            return Err(PeerMisbehaved::HelloFieldRange {
+                field: "flags",
+                value: self.flags.into(),
+                min: 0,
+                max: HELLO_FLAGS_KNOWN.into(),
+            });
+        }
         range("credits", self.credits.into(), 4, MAX_CREDITS.into())?;
         range(
             "recv_slot_bytes",
@@ -323,8 +360,9 @@ mod tests {
             max,
         };
         type Case = (fn(&mut Hello), PeerMisbehaved);
-        let cases: [Case; 9] = [
-            (|h| h.flags = 1, range("flags", 1, 0, 0)),
+        let cases: [Case; 10] = [
+            (|h| h.flags = 2, range("flags", 2, 0, 1)),
+            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 1)),
             (|h| h.credits = 3, range("credits", 3, 4, 4096)),
             (|h| h.credits = 4097, range("credits", 4097, 4, 4096)),
             (

@@ -232,6 +232,19 @@ impl CmId {
         })
     }
 
+    /// Whether the id's device is iWARP (no immediate data, §5.4). False
+    /// while the id is not bound to a device yet.
+    pub(crate) fn is_iwarp(&self) -> bool {
+        let ctx = self.verbs();
+        if ctx.is_null() {
+            return false;
+        }
+        // SAFETY: a bound id's context and its device stay valid while the
+        // id lives; plain field reads.
+        let tt = unsafe { (*(*ctx).device).transport_type };
+        tt == rdma_sys::ibv_transport_type::IBV_TRANSPORT_IWARP
+    }
+
     pub(crate) fn verbs(&self) -> *mut ibv_context {
         // SAFETY: live id; plain field read.
         unsafe { (*self.ptr).verbs }

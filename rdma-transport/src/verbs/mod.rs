@@ -198,6 +198,8 @@ pub(crate) struct Wc {
     pub wr_id: u64,
     pub status: u32,
     pub byte_len: u32,
+    /// Immediate data of a receive completion (host byte order).
+    pub imm: crate::engine::Imm,
 }
 
 /// Completion queue bound to a completion channel.
@@ -244,10 +246,23 @@ impl Cq {
             });
         }
         for wc in &wcs[..n as usize] {
+            let imm = if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+                // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data
+                // (ibv_poll_cq(3)); both members are plain u32s anyway.
+                let v = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
+                if wc.opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
+                    crate::engine::Imm::Write(v)
+                } else {
+                    crate::engine::Imm::Send(v)
+                }
+            } else {
+                crate::engine::Imm::None
+            };
             out.push(Wc {
                 wr_id: wc.wr_id,
                 status: wc.status,
                 byte_len: wc.byte_len,
+                imm,
             });
         }
         Ok(n as usize)
@@ -321,6 +336,8 @@ pub(crate) struct SendDesc {
     pub signaled: bool,
     pub inline: bool,
     pub remote: Option<(u64, u32)>,
+    /// With `remote`: RDMA WRITE with this immediate data (host byte order).
+    pub imm: Option<u32>,
 }
 
 /// RC queue pair created through rdma_cm on a cm_id (rdma_cm drives the
@@ -480,7 +497,13 @@ impl Qp {
             match d.remote {
                 None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
                 Some((remote_addr, rkey)) => {
-                    wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                    wr.opcode = match d.imm {
+                        None => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                        Some(imm) => {
+                            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                            ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+                        }
+                    };
                     wr.wr.rdma = rdma_t { remote_addr, rkey };
                 }
             }

@@ -54,6 +54,40 @@ pub trait FrameSender: Send + 'static {
         }
     }
 
+    /// Sends one frame given as two parts, `head` then `body` (a DATA
+    /// frame's header and its payload), so a transport that copies into
+    /// registered memory anyway copies the payload only once. Same
+    /// semantics as [`send`](Self::send) for `head ++ body`. The default
+    /// joins the parts (one copy) and calls `send`.
+    fn send_parts(
+        &mut self,
+        head: Bytes,
+        body: Bytes,
+    ) -> impl Future<Output = io::Result<()>> + Send {
+        async move { self.send(join(&head, &body)).await }
+    }
+
+    /// As [`try_send`](Self::try_send), for a frame in two parts
+    /// ([`send_parts`](Self::send_parts)); gives both back when it would wait.
+    fn try_send_parts(
+        &mut self,
+        head: Bytes,
+        body: Bytes,
+    ) -> Result<io::Result<()>, (Bytes, Bytes)> {
+        use futures::FutureExt;
+        match self.send_parts(head.clone(), body.clone()).now_or_never() {
+            Some(r) => Ok(r),
+            None => Err((head, body)),
+        }
+    }
+
+    /// Frame sizes this transport moves most efficiently come in multiples
+    /// of this many bytes (RDMA: the rendezvous chunk, so a large frame fills
+    /// whole rendezvous buffers). 1 (the default) means no preference.
+    fn frame_granule(&self) -> usize {
+        1
+    }
+
     /// Closes the connection after the frames already sent. Idempotent.
     fn close(&mut self) -> impl Future<Output = ()> + Send;
 }
@@ -63,4 +97,12 @@ pub trait FrameReceiver: Send + 'static {
     /// The next frame; `Ok(None)` when the peer closed the connection cleanly.
     /// Errors (peer gone, protocol violation) are final.
     fn recv(&mut self) -> impl Future<Output = io::Result<Option<Bytes>>> + Send;
+}
+
+/// `head ++ body` in one buffer.
+pub(crate) fn join(head: &[u8], body: &[u8]) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(head.len() + body.len());
+    b.extend_from_slice(head);
+    b.extend_from_slice(body);
+    b.freeze()
 }

@@ -31,26 +31,39 @@ use tokio::sync::Notify;
 
 /// A [`FrameSender`] behind a pointer, so [`Outbox`] needs no type parameter.
 trait ErasedSender: Send {
-    fn try_send(&mut self, frame: Bytes) -> Result<io::Result<()>, Bytes>;
-    fn send(&mut self, frame: Bytes) -> BoxFuture<'_, io::Result<()>>;
+    fn try_send(&mut self, frame: Bytes, body: Bytes) -> Result<io::Result<()>, (Bytes, Bytes)>;
+    fn send(&mut self, frame: Bytes, body: Bytes) -> BoxFuture<'_, io::Result<()>>;
     fn close(&mut self) -> BoxFuture<'_, ()>;
 }
 
+/// A frame with an empty `body` goes out as one part (`send`), one with a
+/// body as a gather (`send_parts`).
 impl<S: FrameSender> ErasedSender for S {
-    fn try_send(&mut self, frame: Bytes) -> Result<io::Result<()>, Bytes> {
-        FrameSender::try_send(self, frame)
+    fn try_send(&mut self, frame: Bytes, body: Bytes) -> Result<io::Result<()>, (Bytes, Bytes)> {
+        if body.is_empty() {
+            FrameSender::try_send(self, frame).map_err(|f| (f, body))
+        } else {
+            FrameSender::try_send_parts(self, frame, body)
+        }
     }
-    fn send(&mut self, frame: Bytes) -> BoxFuture<'_, io::Result<()>> {
-        Box::pin(FrameSender::send(self, frame))
+    fn send(&mut self, frame: Bytes, body: Bytes) -> BoxFuture<'_, io::Result<()>> {
+        if body.is_empty() {
+            Box::pin(FrameSender::send(self, frame))
+        } else {
+            Box::pin(FrameSender::send_parts(self, frame, body))
+        }
     }
     fn close(&mut self) -> BoxFuture<'_, ()> {
         Box::pin(FrameSender::close(self))
     }
 }
 
-/// One queued connection message and the DATA budget it holds.
+/// One queued connection message and the DATA budget it holds: `msg`,
+/// followed by `body` when that is not empty (a DATA frame's header and its
+/// payload, sent as a gather, never batched).
 struct Out {
     msg: Bytes,
+    body: Bytes,
     budget: u32,
 }
 
@@ -111,11 +124,21 @@ impl Outbox {
     /// queue from this task if the sender is idle and takes it without
     /// waiting.
     pub(super) fn push(&self, frame: Bytes, budget: u32, flush: bool) -> Pushed {
+        self.push_parts(frame, Bytes::new(), budget, flush)
+    }
+
+    /// As [`push`](Self::push) for the frame `head ++ body`, sent as a
+    /// gather (the payload is not copied into a frame buffer first).
+    pub(super) fn push_parts(&self, head: Bytes, body: Bytes, budget: u32, flush: bool) -> Pushed {
         let mut inner = self.lock();
         if inner.done {
             return Pushed::Closed;
         }
-        inner.queue.push_back(Out { msg: frame, budget });
+        inner.queue.push_back(Out {
+            msg: head,
+            body,
+            budget,
+        });
         let sent = if flush { self.flush(&mut inner) } else { None };
         let queued = !inner.queue.is_empty();
         drop(inner);
@@ -131,8 +154,8 @@ impl Outbox {
         let mut total = 0u32;
         let mut result = Ok(());
         while !inner.queue.is_empty() {
-            let Out { msg, budget } = take_message(&mut inner.queue, self.batch_max);
-            match tx.try_send(msg) {
+            let Out { msg, body, budget } = take_message(&mut inner.queue, self.batch_max);
+            match tx.try_send(msg, body) {
                 Ok(r) => {
                     total = total.saturating_add(budget);
                     if r.is_err() {
@@ -140,10 +163,10 @@ impl Outbox {
                         break;
                     }
                 }
-                Err(msg) => {
+                Err((msg, body)) => {
                     // Back-pressured: the writer waits for room. The message
                     // may already be a BATCH; `take_message` never nests it.
-                    inner.queue.push_front(Out { msg, budget });
+                    inner.queue.push_front(Out { msg, body, budget });
                     break;
                 }
             }
@@ -188,7 +211,7 @@ impl Outbox {
                 self.wake.notified().await;
                 continue;
             };
-            let r = tx.send(out.msg).await;
+            let r = tx.send(out.msg, out.body).await;
             on_sent(out.budget, &r);
             self.lock().idle = Some(tx);
             if r.is_err() {
@@ -214,17 +237,18 @@ fn take_message(queue: &mut VecDeque<Out>, batch_max: usize) -> Out {
     let Some(first) = queue.pop_front() else {
         return Out {
             msg: Bytes::new(),
+            body: Bytes::new(),
             budget: 0,
         };
     };
-    let batchable = |m: &Bytes| m.first() != Some(&frame::kind::BATCH);
+    let batchable = |o: &Out| o.body.is_empty() && o.msg.first() != Some(&frame::kind::BATCH);
     let mut size = frame::HEADER_LEN + 4 + first.msg.len();
-    if size > batch_max || !batchable(&first.msg) {
+    if size > batch_max || !batchable(&first) {
         return first;
     }
     let mut n = 0;
     for o in queue.iter() {
-        if !batchable(&o.msg) || size + 4 + o.msg.len() > batch_max {
+        if !batchable(o) || size + 4 + o.msg.len() > batch_max {
             break;
         }
         size += 4 + o.msg.len();
@@ -242,6 +266,7 @@ fn take_message(queue: &mut VecDeque<Out>, batch_max: usize) -> Out {
     }
     Out {
         msg: frame::encode_batch(&parts),
+        body: Bytes::new(),
         budget,
     }
 }
@@ -286,6 +311,29 @@ mod tests {
             frame::encode_batch(&[data(1, 1, false), data(1, 2, true)])
         );
         assert!(out.lock().queue.is_empty());
+    }
+
+    /// A gather (header + payload) is never folded into a BATCH: it leaves
+    /// as its own message, between its neighbours, with its bytes joined by
+    /// the memory transport's default `send_parts`.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_gather_leaves_alone_and_in_order() {
+        let (a, b) = mem::pair();
+        let (tx, _) = a.split();
+        let (_, mut rx) = b.split();
+        let out = Outbox::new(tx, 1 << 20);
+        let payload = Bytes::from(vec![7u8; 10_000]);
+        let _ = out.push(data(1, 1, false), 1, false);
+        let _ = out.push_parts(frame::encode_data_head(1, false), payload.clone(), 9, false);
+        let sent = pushed_sent(out.push(data(1, 2, true), 1, true));
+        assert!(sent.result.is_ok());
+        assert_eq!(sent.budget, 11);
+        assert_eq!(rx.recv().now_or_never_ready(), data(1, 1, false));
+        assert_eq!(
+            rx.recv().now_or_never_ready(),
+            frame::encode_data(1, &payload, false)
+        );
+        assert_eq!(rx.recv().now_or_never_ready(), data(1, 2, true));
     }
 
     /// Without BATCH support each frame leaves as its own message, in order.
