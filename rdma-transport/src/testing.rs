@@ -166,6 +166,29 @@ impl RawPeer {
         remote_addr: u64,
         rkey: u32,
     ) -> Result<WcStatus, Error> {
+        self.write_inner(data, remote_addr, rkey, None).await
+    }
+
+    /// RDMA-WRITEs `data` with immediate data `imm` (§5.4: a chunk
+    /// notification, or a forged one) and waits for the completion. It
+    /// consumes one of the listener's posted receive buffers, like a SEND.
+    pub async fn write_with_imm(
+        &mut self,
+        data: &[u8],
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    ) -> Result<WcStatus, Error> {
+        self.write_inner(data, remote_addr, rkey, Some(imm)).await
+    }
+
+    async fn write_inner(
+        &mut self,
+        data: &[u8],
+        remote_addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+    ) -> Result<WcStatus, Error> {
         if data.len() > self.cfg.rendezvous_buffer_bytes {
             return Err(Error::MessageTooLarge {
                 len: data.len(),
@@ -184,7 +207,7 @@ impl RawPeer {
                 rkey,
                 wr_id,
                 signaled: true,
-                imm: None,
+                imm,
             },
             wr_id,
         )

@@ -15,7 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdma_transport::engine::wire::{Header, Hello, Kind, FLAG_LAST, HDR_LEN};
+use rdma_transport::engine::wire::{self, Header, Hello, Kind, FLAG_LAST, HDR_LEN};
 use rdma_transport::testing::{RawPeer, WC_REM_ACCESS_ERR};
 use rdma_transport::{connect, Config, Error, Listener, PeerMisbehaved};
 
@@ -503,6 +503,116 @@ async fn forged_rendezvous_notifications_close_the_connection() {
         }
         last.expect("8 cases")
             .others_still_work("forged notifications")
+            .await;
+    })
+    .await;
+}
+
+/// §5.4: forged chunk notifications by RDMA WRITE with immediate data. Each
+/// closes only the offender's connection, with the exact violation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_immediates_close_the_connection() {
+    let Some(ip) = device_ip("forged_immediates_close_the_connection") else {
+        return;
+    };
+    if iwarp() {
+        println!("SKIP forged_immediates_close_the_connection: iWARP has no immediate data (§5.4), so no side offers it");
+        return;
+    }
+    within(240, "forged immediates", async {
+        let cases = [
+            "WRITE with immediate on a connection that did not offer it",
+            "immediate names a buffer never advertised",
+            "immediate out of round-robin order",
+            "immediate with LAST and chunks to follow disagreeing",
+            "immediate claims the buffer the previous chunk is still in",
+        ];
+        let mut last = None;
+        for (i, case) in cases.into_iter().enumerate() {
+            let server = EchoServer::start(ip, Config::default()).await;
+            let (mut p, me) = raw(&server, |h| {
+                if i == 0 {
+                    h.flags = 0;
+                }
+            })
+            .await;
+            let h = p.peer_hello();
+            assert_ne!(
+                h.flags & wire::HELLO_FLAG_WRITE_IMM,
+                0,
+                "{case}: a RoCE listener offers immediates"
+            );
+            let n = h.rdv_count;
+            let a0 = buffer_addr(&h, 0);
+            let data = pattern(i as u64, 4096);
+            type Want = Box<dyn Fn(&PeerMisbehaved) -> bool>;
+            let (imm, want): (u32, Want) = match i {
+                0 => {
+                    let imm = wire::chunk_imm(0, 0, true);
+                    (
+                        imm,
+                        Box::new(move |v| *v == PeerMisbehaved::ImmediateNotOffered { imm }),
+                    )
+                }
+                1 => (
+                    wire::chunk_imm(n, 0, true),
+                    Box::new(move |v| {
+                        *v == PeerMisbehaved::ChunkUnknownBuffer { index: n, count: n }
+                    }),
+                ),
+                2 => (
+                    wire::chunk_imm(1, 0, true),
+                    Box::new(move |v| {
+                        *v == PeerMisbehaved::ChunkBufferNotGranted {
+                            index: 1,
+                            expected: 0,
+                            held: n,
+                        }
+                    }),
+                ),
+                3 => {
+                    let imm = wire::chunk_imm(0, 0, false);
+                    (
+                        imm,
+                        Box::new(move |v| *v == PeerMisbehaved::ImmediateMalformed { imm }),
+                    )
+                }
+                _ => {
+                    // An honest first chunk into buffer 0, then a second
+                    // one claiming buffer 0 again while it holds the first.
+                    let st = p
+                        .write_with_imm(&data, a0, h.rdv_rkey, wire::chunk_imm(0, 1, false))
+                        .await
+                        .unwrap();
+                    assert!(st.ok(), "{case}: honest first chunk: {st:?}");
+                    (
+                        wire::chunk_imm(0, 0, true),
+                        Box::new(move |v| {
+                            *v == PeerMisbehaved::ChunkBufferNotGranted {
+                                index: 0,
+                                expected: 1,
+                                held: n - 1,
+                            }
+                        }),
+                    )
+                }
+            };
+            let st = p.write_with_imm(&data, a0, h.rdv_rkey, imm).await.unwrap();
+            println!(
+                "{case}: WRITE with immediate {imm:#x} completed with {:?}",
+                st.text
+            );
+            server.expect_violation(me, case, want).await;
+            assert!(
+                p.wait_disconnected(Duration::from_secs(10)).await.unwrap(),
+                "{case}: the listener disconnected the offender"
+            );
+            server.assert_accepted(&[me], case);
+            drop(p);
+            last = Some(server);
+        }
+        last.expect("5 cases")
+            .others_still_work("forged immediates")
             .await;
     })
     .await;

@@ -169,7 +169,57 @@ struct Args {
     /// Also write every figure as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Streaming instead of unary calls: `client` (each call streams
+    /// `--stream-msgs` requests of `payload` bytes, one small reply) or
+    /// `server` (a small request, `--stream-msgs` replies of `payload`
+    /// bytes). Bandwidth counts all messages of the call.
+    #[arg(long, conflicts_with = "echo_both_ways")]
+    stream: Option<StreamKind>,
+    /// Messages per streaming call (default 8).
+    #[arg(long, default_value_t = 8)]
+    stream_msgs: u32,
+    /// RDMA path: bytes per rendezvous buffer, both sides (default: the
+    /// transport's, 256 KiB). For the rendezvous sweep (docs/benchmarks.md).
+    #[arg(long, value_parser = parse_size)]
+    rdv_bytes: Option<usize>,
+    /// RDMA path: rendezvous buffers per connection, both sides (default 8).
+    #[arg(long)]
+    rdv_buffers: Option<u32>,
+    /// RDMA path: notify chunks by SEND even where WRITE with immediate
+    /// data is available (to measure what the immediate saves).
+    #[arg(long)]
+    no_write_imm: bool,
 }
+
+impl Args {
+    /// The RDMA transport settings of both ends, when an option changes them.
+    fn rdma_config(&self) -> Option<rdma_transport::Config> {
+        if self.rdv_bytes.is_none() && self.rdv_buffers.is_none() && !self.no_write_imm {
+            return None;
+        }
+        let d = rdma_transport::Config::default();
+        Some(rdma_transport::Config {
+            // As rpc-core's own default (rpc_core::rdma::MAX_RDMA_FRAME).
+            max_message_bytes: 16 << 20,
+            rendezvous_buffer_bytes: self.rdv_bytes.unwrap_or(d.rendezvous_buffer_bytes),
+            rendezvous_buffers: self.rdv_buffers.unwrap_or(d.rendezvous_buffers),
+            write_with_imm: !self.no_write_imm,
+            ..d
+        })
+    }
+}
+
+/// Streaming calls (`--stream`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StreamKind {
+    /// Client streaming: `--stream-msgs` requests of `payload` bytes.
+    Client,
+    /// Server streaming: `--stream-msgs` replies of `payload` bytes.
+    Server,
+}
+
+/// `--stream` and `--stream-msgs`, set once before any call.
+static STREAM: std::sync::OnceLock<(StreamKind, u32)> = std::sync::OnceLock::new();
 
 #[derive(Clone)]
 enum Client {
@@ -179,6 +229,46 @@ enum Client {
 
 impl Client {
     async fn call(&mut self, req: EchoRequest) -> Result<usize, tonic::Status> {
+        use futures::StreamExt;
+        match STREAM.get() {
+            Some((StreamKind::Client, n)) => {
+                // The n-1 further clones of the request are counted in this
+                // call's allocations (the bench subtracts only one).
+                let len = req.payload.len() * *n as usize;
+                let msgs = tokio_stream::iter(vec![req; *n as usize]);
+                let r = match self {
+                    Client::Ours(c) => c.client_streaming_echo(msgs).await?.into_inner(),
+                    Client::Tonic(c) => c.client_streaming_echo(msgs).await?.into_inner(),
+                };
+                // The call's request bytes, if every message arrived.
+                return Ok(if r.seq == *n { len } else { 0 });
+            }
+            Some((StreamKind::Server, n)) => {
+                let req = EchoRequest {
+                    reply_bytes: req.payload.len() as u64,
+                    payload: Vec::new(),
+                    count: *n,
+                    ..req
+                };
+                let mut total = 0;
+                match self {
+                    Client::Ours(c) => {
+                        let mut s = c.server_streaming_echo(req).await?.into_inner();
+                        while let Some(m) = s.next().await {
+                            total += m?.payload.len();
+                        }
+                    }
+                    Client::Tonic(c) => {
+                        let mut s = c.server_streaming_echo(req).await?.into_inner();
+                        while let Some(m) = s.next().await {
+                            total += m?.payload.len();
+                        }
+                    }
+                }
+                return Ok(total);
+            }
+            None => {}
+        }
         let r = match self {
             Client::Ours(c) => c.unary_echo(req).await?.into_inner(),
             Client::Tonic(c) => c.unary_echo(req).await?.into_inner(),
@@ -352,7 +442,11 @@ async fn drive(
     budget: Budget,
 ) -> Result<(Histogram<u64>, u64), String> {
     let base = request(payload, echo);
-    let expect = if echo { payload } else { 1 };
+    let expect = match STREAM.get() {
+        Some((_, n)) => payload * *n as usize,
+        None if echo => payload,
+        None => 1,
+    };
     let base = Arc::new(base);
     let tickets = Arc::new(AtomicU64::new(0));
     let end = Instant::now() + budget.duration;
@@ -517,7 +611,11 @@ async fn run_cell(
             result.max_us = us(h.max());
             result.mean_us = h.mean() / 1000.0;
             result.calls_per_s = n as f64 / elapsed;
-            let per_call_bytes = if echo { 2 * payload } else { payload };
+            let per_call_bytes = match STREAM.get() {
+                Some((_, n)) => payload * *n as usize,
+                None if echo => 2 * payload,
+                None => payload,
+            };
             result.bytes_per_s = result.calls_per_s * per_call_bytes as f64;
             result.cpu_us_per_call = (u1.cpu_us - u0.cpu_us) / nf;
             result.ctx_switches_per_call = (u1.csw - u0.csw) as f64 / nf;
@@ -644,13 +742,22 @@ fn render(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "Unary echo; payload = request bytes, reply {}; client and server in one process \
+        "{}; client and server in one process \
          (CPU = time on CPU of all threads per call, from /proc/self/task/*/schedstat, client+server; ctx sw = voluntary+involuntary context switches per call; \
          allocs = heap allocations per call and the bytes they asked for, counting global allocator, client+server, the bench's own bookkeeping excluded).\n",
-        if args.echo_both_ways {
-            "echoes the payload (bandwidth counts both directions)"
-        } else {
-            "1 byte (bandwidth counts request bytes)"
+        match args.stream {
+            Some(StreamKind::Client) => format!(
+                "Client streaming: {} requests of `payload` bytes per call, a small reply (bandwidth counts all requests)",
+                args.stream_msgs
+            ),
+            Some(StreamKind::Server) => format!(
+                "Server streaming: a small request, {} replies of `payload` bytes per call (bandwidth counts all replies)",
+                args.stream_msgs
+            ),
+            None if args.echo_both_ways => {
+                "Unary echo; payload = request bytes, reply echoes the payload (bandwidth counts both directions)".to_string()
+            }
+            None => "Unary echo; payload = request bytes, reply 1 byte (bandwidth counts request bytes)".to_string(),
         }
     );
     for i in infos {
@@ -809,6 +916,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(k) = args.stream {
+        let _ = STREAM.set((k, args.stream_msgs.max(1)));
+    }
     // Cells in order.
     let mut cells: Vec<(usize, usize)> = Vec::new();
     for &(payload, infl) in CELLS {
@@ -836,7 +946,17 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let router = Server::builder().add_service(
+    let mut server_builder = Server::builder();
+    if let Some(c) = args.rdma_config() {
+        eprintln!(
+            "rdma: {} rendezvous buffers of {} KiB, write with immediate {}",
+            c.rendezvous_buffers,
+            c.rendezvous_buffer_bytes >> 10,
+            if c.write_with_imm { "offered" } else { "off" }
+        );
+        server_builder = server_builder.rdma_config(c);
+    }
+    let router = server_builder.add_service(
         EchoServer::new(EchoService::default())
             .max_decoding_message_size(MAX_MSG)
             .max_encoding_message_size(MAX_MSG),
@@ -877,15 +997,20 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                         "the server has no RDMA listener on {} (address not on an RDMA device?)",
                         args.addr
                     )),
-                    Ok(_) => Channel::builder(addr.clone().unwrap())
-                        .transport(Transport::RdmaOnly)
-                        .connect()
-                        .await
-                        .map(|c| {
-                            let t = c.transport().to_string();
-                            (ours(c), t)
-                        })
-                        .map_err(|e| format!("RdmaOnly connect failed: {e}")),
+                    Ok(_) => {
+                        let mut b =
+                            Channel::builder(addr.clone().unwrap()).transport(Transport::RdmaOnly);
+                        if let Some(c) = args.rdma_config() {
+                            b = b.rdma_config(c);
+                        }
+                        b.connect()
+                            .await
+                            .map(|c| {
+                                let t = c.transport().to_string();
+                                (ours(c), t)
+                            })
+                            .map_err(|e| format!("RdmaOnly connect failed: {e}"))
+                    }
                 }
             }
             PathKind::TcpFallback => Channel::builder(addr.clone().unwrap())

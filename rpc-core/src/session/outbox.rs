@@ -123,11 +123,12 @@ impl Outbox {
     /// Queues `frame` (holding `budget` DATA bytes); with `flush`, sends the
     /// queue from this task if the sender is idle and takes it without
     /// waiting.
+    #[cfg(test)]
     pub(super) fn push(&self, frame: Bytes, budget: u32, flush: bool) -> Pushed {
         self.push_parts(frame, Bytes::new(), budget, flush)
     }
 
-    /// As [`push`](Self::push) for the frame `head ++ body`, sent as a
+    /// Queues the frame `head ++ body` (holding `budget` DATA bytes), sent as a
     /// gather (the payload is not copied into a frame buffer first).
     pub(super) fn push_parts(&self, head: Bytes, body: Bytes, budget: u32, flush: bool) -> Pushed {
         let mut inner = self.lock();
