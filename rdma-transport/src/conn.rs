@@ -705,9 +705,9 @@ async fn setup_passive(
     )
 }
 
+/// What a `SendHalf` asks of the driver (messages themselves are posted by
+/// the sending task, §8).
 enum Cmd {
-    Send(Bytes),
-    SendParts(Bytes, Bytes),
     Close(oneshot::Sender<()>),
 }
 
@@ -721,7 +721,50 @@ enum Item {
 /// empty messages is bounded too.
 const QUEUED_MSG_OVERHEAD: usize = 64;
 
+/// The protocol engine and the registered memory of one connection, with
+/// the driver's posting state. Shared by the driver task and the
+/// `SendHalf` (run-to-completion sends, §8): whoever holds the lock may
+/// submit, post and consume completions; no `await` happens under it, so a
+/// dropped future can never leave it half-done, and a posted buffer stays
+/// owned by `mem` until its completion is polled, whichever task posted it.
+struct Core {
+    engine: Engine,
+    mem: ConnMemory,
+    /// Reused buffer for the engine's actions (no allocation per post).
+    actions: Vec<Action>,
+    /// Work requests were posted since the keepalive timer last fired
+    /// (§4.4): set per post without reading the clock.
+    posted: bool,
+    /// A post from a `SendHalf` failed: the driver ends the connection with it.
+    failed: Option<Error>,
+}
+
+impl Core {
+    /// Lets the engine post what it can (§4.2, §5.2).
+    fn post(&mut self) -> Result<(), Error> {
+        self.engine.progress(&mut self.mem);
+        self.engine.swap_actions(&mut self.actions);
+        let r = self.mem.execute(&self.actions);
+        if !self.actions.is_empty() {
+            // §4.4: no clock read per post; the keepalive timer looks at this.
+            self.posted = true;
+        }
+        self.actions.clear();
+        r
+    }
+}
+
 struct Shared {
+    /// `None` once the driver tore the connection down (memory freed).
+    core: Mutex<Option<Core>>,
+    /// Messages the engine may hold unposted before `send` waits
+    /// (`Config::send_queue_messages`).
+    send_limit: usize,
+    /// Signalled by the driver when the engine's queue dropped below
+    /// `send_limit` (back-pressure released).
+    room: Notify,
+    /// Wakes the driver: a post from a `SendHalf` failed.
+    kick: Notify,
     error: Mutex<Option<Error>>,
     /// Bytes delivered to the `RecvHalf`'s queue and not yet taken (§4.5).
     queued: AtomicUsize,
@@ -732,13 +775,21 @@ struct Shared {
 }
 
 impl Shared {
-    fn new(queue_limit: usize) -> Shared {
+    fn new(queue_limit: usize, core: Core, send_limit: usize) -> Shared {
         Shared {
+            core: Mutex::new(Some(core)),
+            send_limit: send_limit.max(1),
+            room: Notify::new(),
+            kick: Notify::new(),
             error: Mutex::new(None),
             queued: AtomicUsize::new(0),
             queue_limit,
             drained: Notify::new(),
         }
+    }
+
+    fn core(&self) -> std::sync::MutexGuard<'_, Option<Core>> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn over_limit(&self) -> bool {
@@ -833,24 +884,19 @@ impl SendHalf {
     /// (back-pressure from credits / rendezvous buffers). `Ok` means the
     /// driver took ownership; delivery errors show up on later calls.
     pub async fn send(&mut self, msg: Bytes) -> Result<(), Error> {
-        if self.closed {
-            return Err(Error::Closed);
-        }
-        if msg.len() > self.max {
-            return Err(Error::MessageTooLarge {
-                len: msg.len(),
-                max: self.max,
-            });
-        }
-        self.tx
-            .send(Cmd::Send(msg))
-            .await
-            .map_err(|_| self.shared.error())
+        self.send_parts(Bytes::new(), msg).await
     }
 
     /// As [`send`](Self::send), for the message `head` followed by `body`
     /// (e.g. a frame header and a payload), without joining them first: the
     /// bytes are copied once, into registered memory, as they are posted.
+    ///
+    /// The calling task posts the message itself (§8): when the connection
+    /// has credits and room, the SEND (or the first rendezvous WRITEs) is
+    /// on the wire when this returns, with no hop through the driver task.
+    /// What cannot be posted yet stays queued in the engine (up to
+    /// `Config::send_queue_messages` messages; beyond that this waits) and
+    /// the driver posts it as credits come back.
     pub async fn send_parts(&mut self, head: Bytes, body: Bytes) -> Result<(), Error> {
         if self.closed {
             return Err(Error::Closed);
@@ -859,10 +905,35 @@ impl SendHalf {
         if len > self.max {
             return Err(Error::MessageTooLarge { len, max: self.max });
         }
-        self.tx
-            .send(Cmd::SendParts(head, body))
-            .await
-            .map_err(|_| self.shared.error())
+        let mut msg = Some((head, body));
+        loop {
+            // Registered before looking, so a release between the look and
+            // the wait is not lost.
+            let room = self.shared.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut g = self.shared.core();
+                let Some(core) = g.as_mut() else {
+                    return Err(self.shared.error());
+                };
+                if let Some(e) = &core.failed {
+                    return Err(e.clone());
+                }
+                if core.engine.pending_msgs() < self.shared.send_limit {
+                    let (head, body) = msg.take().expect("message not yet submitted");
+                    core.engine.submit_parts(head, body);
+                    if let Err(e) = core.post() {
+                        core.failed = Some(e.clone());
+                        drop(g);
+                        self.shared.kick.notify_one();
+                        return Err(e);
+                    }
+                    return Ok(());
+                }
+            }
+            room.await;
+        }
     }
 
     /// Bytes per rendezvous chunk on this connection (§5.2): a message
@@ -939,21 +1010,30 @@ fn spawn_driver(
     let cq_afd = async_fd(res.cq.clone())?;
     let (tx, cmd_rx) = mpsc::channel(cfg.send_queue_messages.max(1));
     let (deliver_tx, rx) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared::new(cfg.recv_queue_bytes));
+    let chunk = engine.config().chunk_bytes();
+    let core = Core {
+        engine,
+        mem: res.mem,
+        actions: Vec::with_capacity(64),
+        posted: false,
+        failed: None,
+    };
+    let shared = Arc::new(Shared::new(
+        cfg.recv_queue_bytes,
+        core,
+        cfg.send_queue_messages,
+    ));
     let stats = Arc::new(ConnStats::default());
     stats.bump(|s| &s.connections, 1);
-    let chunk = engine.config().chunk_bytes();
     let max = cfg.max_message_bytes.min(peer_hello.max_message as usize);
     let keepalive_timer = Box::pin(tokio::time::sleep(cfg.keepalive));
     let spin = SpinBudget::new(cfg.poll_mode, cfg.busy_poll);
     let d = Driver {
         cm_afd,
         cq_afd,
-        mem: res.mem,
         cq: res.cq,
         id,
         chan,
-        engine,
         cmd_rx,
         deliver_tx,
         shared: shared.clone(),
@@ -965,8 +1045,6 @@ fn spawn_driver(
         close_waiters: Vec::new(),
         peer_gone: false,
         wcs: Vec::with_capacity(64),
-        actions: Vec::with_capacity(64),
-        posted: false,
         keepalive_timer,
         woke_receiver: false,
         spin,
@@ -1044,17 +1122,16 @@ impl SpinBudget {
     }
 }
 
-/// The per-connection task (§8). Field order = drop order: the AsyncFds go
-/// first, then the QP and memory (QP destroyed before deregistration), then
-/// CQ, cm_id and channel.
+/// The per-connection task (§8). The engine, the QP and the memory live in
+/// `shared.core` ([`Core`]); the driver takes them out and frees them at
+/// teardown (or when it is dropped), QP before memory (`ConnMemory`'s
+/// drop order); the QP holds its CQ, PD and cm_id alive until then.
 struct Driver {
     cm_afd: CmFd,
     cq_afd: CqFd,
-    mem: ConnMemory,
     cq: Arc<Cq>,
     id: Arc<CmId>,
     chan: Arc<EventChannel>,
-    engine: Engine,
     cmd_rx: mpsc::Receiver<Cmd>,
     deliver_tx: mpsc::UnboundedSender<Item>,
     shared: Arc<Shared>,
@@ -1066,11 +1143,6 @@ struct Driver {
     close_waiters: Vec<oneshot::Sender<()>>,
     peer_gone: bool,
     wcs: Vec<Wc>,
-    /// Reused buffer for the engine's actions (no allocation per step).
-    actions: Vec<Action>,
-    /// Work requests were posted since the keepalive timer last fired
-    /// (§4.4): set per post without reading the clock.
-    posted: bool,
     /// Fires once per keepalive interval; a keepalive is posted when nothing
     /// was posted during a whole interval (so after 1 to 2 intervals of
     /// idleness).
@@ -1106,13 +1178,9 @@ impl Driver {
         self.teardown().await;
     }
 
-    fn has_room(&self) -> bool {
-        self.engine.pending_msgs() < self.cfg.send_queue_messages
-    }
-
     fn take_cmds(&mut self) -> bool {
         let mut did = false;
-        while self.cmd_open && self.has_room() {
+        while self.cmd_open {
             match self.cmd_rx.try_recv() {
                 Ok(c) => {
                     self.handle_cmd(Some(c));
@@ -1129,17 +1197,17 @@ impl Driver {
     }
 
     fn handle_cmd(&mut self, c: Option<Cmd>) {
+        let mut g = self.shared.core();
+        let Some(core) = g.as_mut() else { return };
         match c {
-            Some(Cmd::Send(b)) => self.engine.submit(b),
-            Some(Cmd::SendParts(h, b)) => self.engine.submit_parts(h, b),
             Some(Cmd::Close(w)) => {
                 self.close_waiters.push(w);
-                self.engine.close();
+                core.engine.close();
                 self.cmd_open = false;
             }
             None => {
                 // SendHalf dropped without close: implicit close (§6).
-                self.engine.close();
+                core.engine.close();
                 self.cmd_open = false;
             }
         }
@@ -1150,6 +1218,10 @@ impl Driver {
     /// after a disconnect to salvage messages that did arrive).
     fn poll_cq(&mut self, until_error: bool) -> Result<usize, Error> {
         let mut total = 0;
+        let mut g = self.shared.core();
+        let Some(core) = g.as_mut() else {
+            return Err(Error::Disconnected);
+        };
         loop {
             self.wcs.clear();
             let n = self.cq.poll(&mut self.wcs, 32)?;
@@ -1170,7 +1242,7 @@ impl Driver {
                     byte_len: wc.byte_len,
                     imm: wc.imm,
                 };
-                if let Err(e) = self.engine.on_completion(c, &self.mem) {
+                if let Err(e) = core.engine.on_completion(c, &core.mem) {
                     return Err(match e {
                         EngineError::Protocol(v) => Error::Protocol(v),
                         EngineError::Completion { status, .. } if status == WC_FLUSH_ERR => {
@@ -1196,19 +1268,18 @@ impl Driver {
 
     /// Lets the engine post what it can and delivers events.
     fn step(&mut self) -> Result<(), Error> {
-        // §4.5: an application that does not read holds back the peer.
-        self.engine
-            .set_hold_returns(self.recv_open && self.shared.over_limit());
-        self.engine.progress(&mut self.mem);
-        self.engine.swap_actions(&mut self.actions);
-        let r = self.mem.execute(&self.actions);
-        if !self.actions.is_empty() {
-            // §4.4: no clock read per post; the keepalive timer looks at this.
-            self.posted = true;
+        let mut g = self.shared.core();
+        let Some(core) = g.as_mut() else {
+            return Err(Error::Disconnected);
+        };
+        if let Some(e) = core.failed.take() {
+            return Err(e);
         }
-        self.actions.clear();
-        r?;
-        while let Some(e) = self.engine.next_event() {
+        // §4.5: an application that does not read holds back the peer.
+        core.engine
+            .set_hold_returns(self.recv_open && self.shared.over_limit());
+        core.post()?;
+        while let Some(e) = core.engine.next_event() {
             let item = match e {
                 Event::Message(b) => {
                     if self.recv_open {
@@ -1228,10 +1299,17 @@ impl Driver {
                 }
             }
         }
-        let now = self.engine.counters;
+        let now = core.engine.counters;
         self.stats.add_delta(&now, &self.last);
         self.last = now;
-        if self.engine.close_confirmed() {
+        let confirmed = core.engine.close_confirmed();
+        // Back-pressure released: wake the senders waiting for room.
+        let room = core.engine.pending_msgs() < self.shared.send_limit;
+        drop(g);
+        if room {
+            self.shared.room.notify_waiters();
+        }
+        if confirmed {
             for w in self.close_waiters.drain(..) {
                 let _ = w.send(());
             }
@@ -1239,12 +1317,19 @@ impl Driver {
         Ok(())
     }
 
+    /// Runs `f` on the engine (`None` once the connection was torn down).
+    fn with_engine<T>(&self, f: impl FnOnce(&mut Engine) -> T) -> Option<T> {
+        self.shared.core().as_mut().map(|c| f(&mut c.engine))
+    }
+
     /// §6: both directions done and the peer confirmed our CLOSE, so no
     /// data of ours can still be in flight (iWARP completes SENDs locally).
     fn finished(&self) -> bool {
+        let recv_open = self.recv_open;
         !self.cmd_open
-            && self.engine.close_confirmed()
-            && (self.engine.peer_closed() || !self.recv_open)
+            && self
+                .with_engine(|e| e.close_confirmed() && (e.peer_closed() || !recv_open))
+                .unwrap_or(true)
     }
 
     async fn main_loop(&mut self) -> Result<(), Error> {
@@ -1297,9 +1382,7 @@ impl Driver {
                 let mut got = false;
                 let mut n = 0u32;
                 loop {
-                    if self.poll_cq(false)? > 0
-                        || (self.cmd_open && self.has_room() && !self.cmd_rx.is_empty())
-                    {
+                    if self.poll_cq(false)? > 0 || (self.cmd_open && !self.cmd_rx.is_empty()) {
                         got = true;
                         break;
                     }
@@ -1335,11 +1418,14 @@ impl Driver {
                     continue;
                 }
             }
-            let room = self.cmd_open && self.has_room();
+            let cmds = self.cmd_open;
             let keepalive = !self.cfg.keepalive.is_zero();
-            if self.setup_kick.is_some() && self.engine.heard_from_peer() {
+            if self.setup_kick.is_some()
+                && self.with_engine(|e| e.heard_from_peer()).unwrap_or(true)
+            {
                 self.setup_kick = None;
             }
+            let holding = self.with_engine(|e| e.holding_returns()).unwrap_or(false);
             let (kick, kick_at) = match self.setup_kick {
                 Some((at, _)) => (true, at),
                 // Not polled; any stored instant will do (no clock read).
@@ -1356,7 +1442,7 @@ impl Driver {
                         self.spin.note(t.elapsed());
                     }
                 }
-                c = self.cmd_rx.recv(), if room => {
+                c = self.cmd_rx.recv(), if cmds => {
                     self.handle_cmd(c);
                     if let Some(t) = idle_since.take() {
                         self.spin.note(t.elapsed());
@@ -1372,11 +1458,13 @@ impl Driver {
                             self.step()?;
                             // Clean if the peer closed and so did we (the peer
                             // only disconnects after confirming our CLOSE).
-                            if self.finished()
-                                || ((self.engine.peer_closed() || !self.recv_open)
-                                    && !self.cmd_open
-                                    && self.engine.close_flushed())
-                            {
+                            let recv_open = self.recv_open;
+                            let clean = self
+                                .with_engine(|e| {
+                                    (e.peer_closed() || !recv_open) && e.close_flushed()
+                                })
+                                .unwrap_or(false);
+                            if self.finished() || (clean && !self.cmd_open) {
                                 return Ok(());
                             }
                             return Err(Error::Disconnected);
@@ -1390,7 +1478,7 @@ impl Driver {
                     // connection again: siw (Linux 6.1) ignores FPDUs that
                     // arrive while its accept is still installing the QP's
                     // socket callbacks, until the next segment arrives.
-                    self.engine.keepalive();
+                    self.with_engine(|e| e.keepalive());
                     self.stats.bump(|s| &s.setup_kicks, 1);
                     let now = tokio::time::Instant::now();
                     self.setup_kick = self.setup_kick.and_then(|(_, d)| {
@@ -1401,8 +1489,18 @@ impl Driver {
                 _ = self.keepalive_timer.as_mut(), if keepalive => {
                     let now = tokio::time::Instant::now();
                     // §4.4: nothing posted during a whole interval: probe.
-                    if !std::mem::take(&mut self.posted) {
-                        self.engine.keepalive();
+                    let idle = self
+                        .shared
+                        .core()
+                        .as_mut()
+                        .is_some_and(|c| {
+                            let idle = !std::mem::take(&mut c.posted);
+                            if idle {
+                                c.engine.keepalive();
+                            }
+                            idle
+                        });
+                    if idle {
                         self.stats.bump(|s| &s.keepalives, 1);
                     }
                     self.keepalive_timer.as_mut().reset(now + self.cfg.keepalive);
@@ -1410,8 +1508,11 @@ impl Driver {
                 _ = self.deliver_tx.closed(), if self.recv_open => {
                     self.recv_open = false;
                 }
-                _ = self.shared.drained.notified(), if self.engine.holding_returns() => {
+                _ = self.shared.drained.notified(), if holding => {
                     // The application caught up: step() releases the returns.
+                }
+                _ = self.shared.kick.notified() => {
+                    // A SendHalf's post failed: step() reports it.
                 }
                 _ = tokio::task::yield_now(), if spin => {
                     // PollMode::Spin: nothing else is ready; poll the CQ again.
@@ -1426,11 +1527,15 @@ impl Driver {
         if !self.peer_gone {
             let _ = self.id.disconnect();
         }
-        if let Some(qp) = self.mem.qp() {
+        // From here no SendHalf can post: it finds the core gone.
+        let Some(mut core) = self.shared.core().take() else {
+            return;
+        };
+        if let Some(qp) = core.mem.qp() {
             let _ = qp.to_error();
         }
         let deadline = Instant::now() + Duration::from_millis(200);
-        let expect = self.cfg.recv_slots as usize + self.engine.outstanding_sq();
+        let expect = self.cfg.recv_slots as usize + core.engine.outstanding_sq();
         let mut seen = 0;
         while Instant::now() < deadline && seen < expect {
             self.wcs.clear();
@@ -1444,8 +1549,18 @@ impl Driver {
         for w in self.close_waiters.drain(..) {
             let _ = w.send(());
         }
-        self.mem.destroy_qp();
+        core.mem.destroy_qp();
+        drop(core);
         // Remaining fields drop in declaration order.
+    }
+}
+
+impl Drop for Driver {
+    /// A driver dropped without its teardown (runtime shut down) still
+    /// frees the QP and memory now, not when the last half goes.
+    fn drop(&mut self) {
+        let core = self.shared.core().take();
+        drop(core);
     }
 }
 

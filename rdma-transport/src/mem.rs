@@ -207,6 +207,10 @@ pub(crate) struct ConnMemory {
     rdv: RegisteredBuf,
     staging: RegisteredBuf,
     sz: PoolSizes,
+    /// Scratch lists of [`execute`](Self::execute), kept so that posting
+    /// allocates nothing in steady state.
+    recvs: Vec<(u64, u64, u32, u32)>,
+    sends: Vec<SendDesc>,
 }
 
 impl ConnMemory {
@@ -218,6 +222,8 @@ impl ConnMemory {
             rdv: RegisteredBuf::new(pd, sz.rdv_count * sz.rdv_bytes, true, global_limit)?,
             staging: RegisteredBuf::new(pd, sz.rdv_count * sz.rdv_bytes, false, global_limit)?,
             sz,
+            recvs: Vec::new(),
+            sends: Vec::new(),
         })
     }
 
@@ -248,8 +254,10 @@ impl ConnMemory {
     /// for it is returned (§4.2).
     pub(crate) fn execute(&mut self, actions: &[Action]) -> Result<(), Error> {
         let qp = self.qp.as_ref().ok_or(Error::Disconnected)?;
-        let mut recvs = Vec::new();
-        let mut sends = Vec::new();
+        let mut recvs = std::mem::take(&mut self.recvs);
+        let mut sends = std::mem::take(&mut self.sends);
+        recvs.clear();
+        sends.clear();
         for a in actions {
             match *a {
                 Action::PostRecv { slot, wr_id } => {
@@ -310,10 +318,15 @@ impl ConnMemory {
         // SAFETY: every range was bounds-checked against its registered pool
         // above; the pools outlive the QP (field order + destroy_qp); the
         // engine does not touch a receive slot until its completion.
-        unsafe { qp.post_recvs(&recvs) }?;
-        // SAFETY: ranges inside the registered send/staging pools (checked);
-        // the engine reuses a slot only after a covering completion (§7).
-        unsafe { qp.post_sends(&sends) }
+        let r = unsafe { qp.post_recvs(&recvs) }.and_then(|()| {
+            // SAFETY: ranges inside the registered send/staging pools
+            // (checked); the engine reuses a slot only after a covering
+            // completion (§7).
+            unsafe { qp.post_sends(&sends) }
+        });
+        self.recvs = recvs;
+        self.sends = sends;
+        r
     }
 }
 

@@ -192,6 +192,10 @@ impl Drop for CompChannel {
     }
 }
 
+/// Work requests per `ibv_post_send` / `ibv_post_recv` call, built on the
+/// stack (longer lists are posted in several calls, in order).
+pub(crate) const POST_BATCH: usize = 16;
+
 /// One polled work completion.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Wc {
@@ -415,118 +419,120 @@ impl Qp {
         Ok(())
     }
 
-    /// Posts receives, one `ibv_post_recv` call for the whole list.
-    /// Each entry is `(wr_id, addr, len, lkey)`.
+    /// Posts receives, one `ibv_post_recv` call per batch of up to
+    /// [`POST_BATCH`] (work requests built on the stack: nothing is
+    /// allocated per post). Each entry is `(wr_id, addr, len, lkey)`.
     ///
     /// # Safety
     /// Every range must lie in memory registered with its `lkey` on this
     /// QP's PD that stays allocated and is neither read nor written by the
     /// CPU until the receive completes (or the QP is destroyed).
     pub(crate) unsafe fn post_recvs(&self, list: &[(u64, u64, u32, u32)]) -> Result<(), Error> {
-        if list.is_empty() {
-            return Ok(());
-        }
-        let mut sges: Vec<ibv_sge> = list
-            .iter()
-            .map(|&(_, addr, length, lkey)| ibv_sge { addr, length, lkey })
-            .collect();
-        let mut wrs: Vec<ibv_recv_wr> = list
-            .iter()
-            .map(|&(wr_id, ..)| ibv_recv_wr {
-                wr_id,
-                next: std::ptr::null_mut(),
-                sg_list: std::ptr::null_mut(),
-                num_sge: 1,
-            })
-            .collect();
-        let n = wrs.len();
-        let base = wrs.as_mut_ptr();
-        for (i, sge) in sges.iter_mut().enumerate() {
-            wrs[i].sg_list = sge;
-            if i + 1 < n {
-                // SAFETY: i + 1 < n, so the pointer stays inside `wrs`, which
-                // is not reallocated while the list is in use.
-                wrs[i].next = unsafe { base.add(i + 1) };
+        for batch in list.chunks(POST_BATCH) {
+            // SAFETY: ibv_sge / ibv_recv_wr are plain C data; zero is valid.
+            let mut sges: [ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut wrs: [ibv_recv_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+            let n = batch.len();
+            for (i, &(wr_id, addr, length, lkey)) in batch.iter().enumerate() {
+                sges[i] = ibv_sge { addr, length, lkey };
+                wrs[i].wr_id = wr_id;
+                wrs[i].num_sge = 1;
             }
-        }
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: the linked list and its SGEs live across the call (the
-        // provider copies them); buffer validity is the caller's contract.
-        let r = unsafe { ibv_post_recv(self.qp, base, &mut bad) };
-        if r != 0 {
-            return Err(Error::Verb {
-                verb: "ibv_post_recv",
-                errno: Errno(r),
-            });
+            let base = wrs.as_mut_ptr();
+            let sbase = sges.as_mut_ptr();
+            for i in 0..n {
+                // SAFETY: i < n <= POST_BATCH: both pointers stay inside
+                // their arrays, which live on this frame across the call.
+                unsafe {
+                    (*base.add(i)).sg_list = sbase.add(i);
+                    if i + 1 < n {
+                        (*base.add(i)).next = base.add(i + 1);
+                    }
+                }
+            }
+            let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+            // SAFETY: the linked list and its SGEs live across the call (the
+            // provider copies them); buffer validity is the caller's contract.
+            let r = unsafe { ibv_post_recv(self.qp, base, &mut bad) };
+            if r != 0 {
+                return Err(Error::Verb {
+                    verb: "ibv_post_recv",
+                    errno: Errno(r),
+                });
+            }
         }
         Ok(())
     }
 
-    /// Posts SENDs and RDMA WRITEs in order, one `ibv_post_send` call.
+    /// Posts SENDs and RDMA WRITEs in order, one `ibv_post_send` call per
+    /// batch of up to [`POST_BATCH`] (built on the stack, nothing allocated).
     ///
     /// # Safety
     /// Every `[addr, addr+len)` must lie in memory registered with its
     /// `lkey` that stays allocated and is not written by the CPU until a
     /// completion covering that work request is polled.
     pub(crate) unsafe fn post_sends(&self, list: &[SendDesc]) -> Result<(), Error> {
-        if list.is_empty() {
-            return Ok(());
-        }
-        let mut sges: Vec<ibv_sge> = list
-            .iter()
-            .map(|d| ibv_sge {
-                addr: d.addr,
-                length: d.len,
-                lkey: d.lkey,
-            })
-            .collect();
-        let mut wrs: Vec<ibv_send_wr> = Vec::with_capacity(list.len());
-        for d in list {
-            let mut flags = 0;
-            if d.signaled {
-                flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
-            }
-            if d.inline {
-                flags |= ibv_send_flags::IBV_SEND_INLINE.0;
-            }
-            // SAFETY: ibv_send_wr is plain C data (unions of PODs); zero is valid.
-            let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-            wr.wr_id = d.wr_id;
-            wr.num_sge = if d.len == 0 { 0 } else { 1 };
-            wr.send_flags = flags;
-            match d.remote {
-                None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
-                Some((remote_addr, rkey)) => {
-                    wr.opcode = match d.imm {
-                        None => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                        Some(imm) => {
-                            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
-                            ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
-                        }
-                    };
-                    wr.wr.rdma = rdma_t { remote_addr, rkey };
+        for batch in list.chunks(POST_BATCH) {
+            // SAFETY: ibv_sge / ibv_send_wr are plain C data (unions of
+            // PODs); all-zero is a valid value.
+            let mut sges: [ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut wrs: [ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+            let n = batch.len();
+            for (i, d) in batch.iter().enumerate() {
+                sges[i] = ibv_sge {
+                    addr: d.addr,
+                    length: d.len,
+                    lkey: d.lkey,
+                };
+                let mut flags = 0;
+                if d.signaled {
+                    flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+                }
+                if d.inline {
+                    flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+                }
+                let wr = &mut wrs[i];
+                wr.wr_id = d.wr_id;
+                wr.num_sge = if d.len == 0 { 0 } else { 1 };
+                wr.send_flags = flags;
+                match d.remote {
+                    None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
+                    Some((remote_addr, rkey)) => {
+                        wr.opcode = match d.imm {
+                            None => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                            Some(imm) => {
+                                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+                            }
+                        };
+                        wr.wr.rdma = rdma_t { remote_addr, rkey };
+                    }
                 }
             }
-            wrs.push(wr);
-        }
-        let n = wrs.len();
-        let base = wrs.as_mut_ptr();
-        for (i, sge) in sges.iter_mut().enumerate() {
-            wrs[i].sg_list = sge;
-            if i + 1 < n {
-                // SAFETY: i + 1 < n: stays inside `wrs` (not reallocated).
-                wrs[i].next = unsafe { base.add(i + 1) };
+            let base = wrs.as_mut_ptr();
+            let sbase = sges.as_mut_ptr();
+            for i in 0..n {
+                // SAFETY: i < n <= POST_BATCH: both pointers stay inside
+                // their arrays, which live on this frame across the call.
+                unsafe {
+                    (*base.add(i)).sg_list = sbase.add(i);
+                    if i + 1 < n {
+                        (*base.add(i)).next = base.add(i + 1);
+                    }
+                }
             }
-        }
-        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: list and SGEs live across the call; buffer validity is the
-        // caller's contract (see # Safety).
-        let r = unsafe { ibv_post_send(self.qp, base, &mut bad) };
-        if r != 0 {
-            return Err(Error::Verb {
-                verb: "ibv_post_send",
-                errno: Errno(r),
-            });
+            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: list and SGEs live across the call; buffer validity is
+            // the caller's contract (see # Safety).
+            let r = unsafe { ibv_post_send(self.qp, base, &mut bad) };
+            if r != 0 {
+                return Err(Error::Verb {
+                    verb: "ibv_post_send",
+                    errno: Errno(r),
+                });
+            }
         }
         Ok(())
     }
