@@ -10,7 +10,9 @@ O = sys.argv[1] if len(sys.argv) > 1 else "target/bench-bulk"
 def bw(size):
     """ib_write_bw average MB/s at `size` (all runs of that size in the boot)."""
     out = []
-    for f in sorted(glob.glob(f"{O}/bw-{size}.txt")):
+    for f in sorted(glob.glob(f"{O}/bw-{size}.txt") + glob.glob(f"{O}/bw-{size}-*.txt")):
+        if f.endswith(".server.txt"):
+            continue
         for line in open(f):
             m = re.match(r"^ *(\d+) +(\d+) +([\d.]+) +([\d.]+)", line)
             if m and int(m.group(1)) == size:

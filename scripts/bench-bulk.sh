@@ -13,10 +13,10 @@ O=${BULK_OUT:-target/bench-bulk}; mkdir -p "$O"; D=$SOFTROCE_DEV; X=${SOFTROCE_G
 AFTER=${AFTER_BENCH:-target/release/bench}
 BEFORE=${BEFORE_BENCH:-}
 uptime > "$O/uptime0.txt"
-bw() { # size iters
-  timeout 120 ib_write_bw -d "$D" -x "$X" -s "$1" -n "$2" > "$O/bw-$1.server.txt" 2>&1 & sleep 2
-  timeout 120 ib_write_bw -d "$D" -x "$X" -s "$1" -n "$2" 127.0.0.1 > "$O/bw-$1.txt" 2>&1; wait
-  grep -E '^ *[0-9]+ +[0-9]+ ' "$O/bw-$1.txt" >&2
+bw() { # size iters [suffix]
+  timeout 120 ib_write_bw -d "$D" -x "$X" -s "$1" -n "$2" > "$O/bw-$1$3.server.txt" 2>&1 & sleep 2
+  timeout 120 ib_write_bw -d "$D" -x "$X" -s "$1" -n "$2" 127.0.0.1 > "$O/bw-$1$3.txt" 2>&1; wait
+  grep -E '^ *[0-9]+ +[0-9]+ ' "$O/bw-$1$3.txt" >&2
 }
 run() { # name binary args...
   local name=$1 bin=$2; shift 2
@@ -31,7 +31,7 @@ for r in 1 2; do
   [ -n "$BEFORE" ] && run "before-$r" "$BEFORE" "${MAIN[@]}"
   run "after-$r" "$AFTER" "${MAIN[@]}"
 done
-bw 1048576 50
+bw 1048576 50 -b
 SW=(--paths rdma --payloads 1m --inflight 1,8 --duration-ms 1500)
 run "notify-send" "$AFTER" "${SW[@]}" --no-write-imm
 run "notify-imm" "$AFTER" "${SW[@]}" --rdv-buffers 8

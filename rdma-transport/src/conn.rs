@@ -717,6 +717,10 @@ enum Item {
     Err(Error),
 }
 
+/// [`SendHalf::try_send_parts`] posts at once only while fewer sent
+/// messages than this are unacknowledged by the peer.
+pub const QUIET_UNRETURNED: u32 = 2;
+
 /// Per-message overhead counted against `recv_queue_bytes`, so a flood of
 /// empty messages is bounded too.
 const QUEUED_MSG_OVERHEAD: usize = 64;
@@ -754,7 +758,22 @@ impl Core {
     }
 }
 
+/// A receive handler run by the connection's driver task for each message
+/// (see [`RecvHalf::deliver_inline`]).
+pub type InlineHandler = Box<dyn FnMut(Result<Option<Bytes>, Error>) -> bool + Send>;
+
+/// An installed [`InlineHandler`] and the delivery channel's receiver, kept
+/// so the channel stays open while the handler is in place.
+struct Inline {
+    handler: InlineHandler,
+    _rx: mpsc::UnboundedReceiver<Item>,
+}
+
 struct Shared {
+    /// Set by [`RecvHalf::deliver_inline`]: the driver hands messages to it
+    /// instead of the channel. Taken (dropped) to stop delivery, which
+    /// closes the channel as dropping the `RecvHalf` does.
+    inline: Mutex<Option<Inline>>,
     /// `None` once the driver tore the connection down (memory freed).
     core: Mutex<Option<Core>>,
     /// Messages the engine may hold unposted before `send` waits
@@ -777,6 +796,7 @@ struct Shared {
 impl Shared {
     fn new(queue_limit: usize, core: Core, send_limit: usize) -> Shared {
         Shared {
+            inline: Mutex::new(None),
             core: Mutex::new(Some(core)),
             send_limit: send_limit.max(1),
             room: Notify::new(),
@@ -786,6 +806,10 @@ impl Shared {
             queue_limit,
             drained: Notify::new(),
         }
+    }
+
+    fn inline(&self) -> std::sync::MutexGuard<'_, Option<Inline>> {
+        self.inline.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn core(&self) -> std::sync::MutexGuard<'_, Option<Core>> {
@@ -936,6 +960,47 @@ impl SendHalf {
         }
     }
 
+    /// Posts `head ++ body` now, from the calling task, if the connection
+    /// is quiet: no message is waiting in the engine and fewer than
+    /// [`QUIET_UNRETURNED`] sent messages are still unacknowledged by the
+    /// peer. Otherwise gives the parts back (`Err`), so that the caller can
+    /// queue them and send several together later (the call layer then
+    /// batches frames into one message, which costs the peer one receive
+    /// instead of several): low latency when there is little traffic, fewer
+    /// messages when there is a lot. Errors as [`send`](Self::send).
+    #[allow(clippy::type_complexity)]
+    pub fn try_send_parts(
+        &mut self,
+        head: Bytes,
+        body: Bytes,
+    ) -> Result<Result<(), Error>, (Bytes, Bytes)> {
+        if self.closed {
+            return Ok(Err(Error::Closed));
+        }
+        let len = head.len() + body.len();
+        if len > self.max {
+            return Ok(Err(Error::MessageTooLarge { len, max: self.max }));
+        }
+        let mut g = self.shared.core();
+        let Some(core) = g.as_mut() else {
+            return Ok(Err(self.shared.error()));
+        };
+        if let Some(e) = &core.failed {
+            return Ok(Err(e.clone()));
+        }
+        if core.engine.pending_msgs() > 0 || core.engine.unreturned_credits() >= QUIET_UNRETURNED {
+            return Err((head, body));
+        }
+        core.engine.submit_parts(head, body);
+        if let Err(e) = core.post() {
+            core.failed = Some(e.clone());
+            drop(g);
+            self.shared.kick.notify_one();
+            return Ok(Err(e));
+        }
+        Ok(Ok(()))
+    }
+
     /// Bytes per rendezvous chunk on this connection (§5.2): a message
     /// larger than the eager limit moves in pieces of this size, so one whose
     /// length is a multiple of it fills whole rendezvous buffers.
@@ -958,6 +1023,24 @@ impl SendHalf {
     }
 }
 
+/// Stops inline delivery ([`RecvHalf::deliver_inline`]) from any task.
+pub struct InlineStop(Arc<Shared>);
+
+impl InlineStop {
+    /// Removes the handler (after the call it may be running returns): no
+    /// message is delivered after this, as if the `RecvHalf` was dropped.
+    pub fn stop(&self) {
+        let h = self.0.inline().take();
+        drop(h);
+    }
+}
+
+impl std::fmt::Debug for InlineStop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("InlineStop")
+    }
+}
+
 /// Receiving half.
 pub struct RecvHalf {
     rx: mpsc::UnboundedReceiver<Item>,
@@ -966,6 +1049,49 @@ pub struct RecvHalf {
 }
 
 impl RecvHalf {
+    /// Hands every received message to `f` right in the connection's
+    /// driver task, as soon as it is taken from registered memory (§8): no
+    /// task hop between the completion and `f`. Then `Ok(None)` once the
+    /// peer closed cleanly, or the error that ends the connection. Messages
+    /// that arrived before this call go to `f` first, in order.
+    ///
+    /// `f` runs on the driver: it must not block (it may send on this
+    /// connection). Returning `false` stops delivery, as dropping the
+    /// `RecvHalf` does; so does [`InlineStop::stop`]. Receive back-pressure
+    /// (`Config::recv_queue_bytes`) does not apply: `f` takes each message
+    /// at once.
+    pub fn deliver_inline(mut self, mut f: InlineHandler) -> InlineStop {
+        let shared = self.shared.clone();
+        let mut g = shared.inline();
+        // Under the lock the driver delivers with: nothing overtakes these.
+        let mut keep = !self.done;
+        while keep {
+            let r = match self.rx.try_recv() {
+                Ok(Item::Msg(b)) => {
+                    let n = b.len() + QUEUED_MSG_OVERHEAD;
+                    self.shared.queued.fetch_sub(n, Ordering::AcqRel);
+                    Ok(Some(b))
+                }
+                Ok(Item::Closed) => Ok(None),
+                Ok(Item::Err(e)) => Err(e),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => Err(self.shared.error()),
+            };
+            let end = !matches!(r, Ok(Some(_)));
+            keep = f(r) && !end;
+        }
+        if keep {
+            *g = Some(Inline {
+                handler: f,
+                _rx: self.rx,
+            });
+        }
+        // The queue was drained: a driver holding returns may release them.
+        self.shared.drained.notify_one();
+        drop(g);
+        InlineStop(shared)
+    }
+
     /// Next message, `Ok(None)` once the peer closed cleanly. The returned
     /// bytes are owned by the caller (copied out of registered memory).
     pub async fn recv(&mut self) -> Result<Option<Bytes>, Error> {
@@ -1036,6 +1162,7 @@ fn spawn_driver(
         chan,
         cmd_rx,
         deliver_tx,
+        events: Vec::new(),
         shared: shared.clone(),
         stats: stats.clone(),
         last: EngineCounters::default(),
@@ -1134,6 +1261,8 @@ struct Driver {
     chan: Arc<EventChannel>,
     cmd_rx: mpsc::Receiver<Cmd>,
     deliver_tx: mpsc::UnboundedSender<Item>,
+    /// Reused buffer for the engine's events of one step.
+    events: Vec<Event>,
     shared: Arc<Shared>,
     stats: Arc<ConnStats>,
     last: EngineCounters,
@@ -1171,9 +1300,7 @@ impl Driver {
             if let Ok(mut g) = self.shared.error.lock() {
                 *g = Some(e.clone());
             }
-            if self.recv_open {
-                let _ = self.deliver_tx.send(Item::Err(e));
-            }
+            self.deliver(Item::Err(e));
         }
         self.teardown().await;
     }
@@ -1279,25 +1406,9 @@ impl Driver {
         core.engine
             .set_hold_returns(self.recv_open && self.shared.over_limit());
         core.post()?;
+        let mut events = std::mem::take(&mut self.events);
         while let Some(e) = core.engine.next_event() {
-            let item = match e {
-                Event::Message(b) => {
-                    if self.recv_open {
-                        self.shared
-                            .queued
-                            .fetch_add(b.len() + QUEUED_MSG_OVERHEAD, Ordering::AcqRel);
-                    }
-                    Item::Msg(b)
-                }
-                Event::PeerClosed => Item::Closed,
-            };
-            if self.recv_open {
-                if self.deliver_tx.send(item).is_err() {
-                    self.recv_open = false;
-                } else {
-                    self.woke_receiver = true;
-                }
-            }
+            events.push(e);
         }
         let now = core.engine.counters;
         self.stats.add_delta(&now, &self.last);
@@ -1306,6 +1417,14 @@ impl Driver {
         // Back-pressure released: wake the senders waiting for room.
         let room = core.engine.pending_msgs() < self.shared.send_limit;
         drop(g);
+        // Delivered without the core lock: an inline handler may send.
+        for e in events.drain(..) {
+            self.deliver(match e {
+                Event::Message(b) => Item::Msg(b),
+                Event::PeerClosed => Item::Closed,
+            });
+        }
+        self.events = events;
         if room {
             self.shared.room.notify_waiters();
         }
@@ -1315,6 +1434,40 @@ impl Driver {
             }
         }
         Ok(())
+    }
+
+    /// Hands one item to the inline handler, or queues it for the `RecvHalf`.
+    fn deliver(&mut self, item: Item) {
+        if !self.recv_open {
+            return;
+        }
+        let mut g = self.shared.inline();
+        if let Some(inl) = g.as_mut() {
+            let r = match item {
+                Item::Msg(b) => Ok(Some(b)),
+                Item::Closed => Ok(None),
+                Item::Err(e) => Err(e),
+            };
+            let end = !matches!(r, Ok(Some(_)));
+            if !(inl.handler)(r) || end {
+                // Dropping it closes the channel: the receiving side is gone.
+                *g = None;
+                self.recv_open = false;
+            }
+            self.woke_receiver = true;
+            return;
+        }
+        drop(g);
+        if let Item::Msg(b) = &item {
+            self.shared
+                .queued
+                .fetch_add(b.len() + QUEUED_MSG_OVERHEAD, Ordering::AcqRel);
+        }
+        if self.deliver_tx.send(item).is_err() {
+            self.recv_open = false;
+        } else {
+            self.woke_receiver = true;
+        }
     }
 
     /// Runs `f` on the engine (`None` once the connection was torn down).
@@ -1527,6 +1680,10 @@ impl Driver {
         if !self.peer_gone {
             let _ = self.id.disconnect();
         }
+        // The inline handler may hold the application's state (which holds
+        // our SendHalf): drop it here, not when the last Arc goes.
+        let inline = self.shared.inline().take();
+        drop(inline);
         // From here no SendHalf can post: it finds the core gone.
         let Some(mut core) = self.shared.core().take() else {
             return;
@@ -1559,6 +1716,8 @@ impl Drop for Driver {
     /// A driver dropped without its teardown (runtime shut down) still
     /// frees the QP and memory now, not when the last half goes.
     fn drop(&mut self) {
+        let inline = self.shared.inline().take();
+        drop(inline);
         let core = self.shared.core().take();
         drop(core);
     }

@@ -23,7 +23,9 @@ pub mod testing;
 mod verbs;
 
 pub use config::{Config, PollMode};
-pub use conn::{connect, connect_from, Connection, Listener, RecvHalf, SendHalf};
+pub use conn::{
+    connect, connect_from, Connection, InlineHandler, InlineStop, Listener, RecvHalf, SendHalf,
+};
 pub use error::{Errno, Error, PeerMisbehaved};
 pub use stats::{ConnStats, StatsSnapshot};
 

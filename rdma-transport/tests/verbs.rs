@@ -251,6 +251,89 @@ async fn many_small_messages_in_order_no_rnr() {
     .expect("timeout");
 }
 
+/// `RecvHalf::deliver_inline`: messages that arrived before the handler
+/// was installed come first, then the rest straight from the driver, all in
+/// order and intact (large ones too), then `Ok(None)` at the peer's CLOSE;
+/// the handler may send on the same connection (it runs outside the core
+/// lock), here echoing every message back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inline_delivery_in_order_and_may_send() {
+    let Some(ip) = device_ip("inline_delivery_in_order_and_may_send") else {
+        return;
+    };
+    let cfg = Config::default();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let (c, s) = pair(ip, &cfg).await;
+        let (mut ctx, mut crx) = c.split();
+        let (stx, srx) = s.split();
+        const N: u64 = 2000;
+        let msg = |i: u64| {
+            let len = if i % 100 == 7 {
+                300_000
+            } else {
+                8 + (i % 56) as usize
+            };
+            let mut v = pattern(i, len).to_vec();
+            v[..8].copy_from_slice(&i.to_le_bytes());
+            Bytes::from(v)
+        };
+        // Some messages are queued before the handler exists.
+        for i in 0..10 {
+            ctx.send(msg(i)).await.expect("send");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let stx = std::sync::Arc::new(std::sync::Mutex::new(Some(stx)));
+        let echo = stx.clone();
+        let mut next = 0u64;
+        let _stop = srx.deliver_inline(Box::new(move |r| {
+            match r {
+                Ok(Some(m)) => {
+                    let i = u64::from_le_bytes(m[..8].try_into().unwrap());
+                    assert_eq!(i, next, "inline delivery out of order");
+                    assert_eq!(m, msg(i), "message {i} corrupted");
+                    next += 1;
+                    if i % 100 != 7 {
+                        return true;
+                    }
+                    // Echo the large ones' first 8 bytes back, from the
+                    // driver's task (20 in all: the queue never fills).
+                    let mut g = echo.lock().unwrap();
+                    let tx = g.as_mut().expect("send half");
+                    use futures::FutureExt;
+                    tx.send(m.slice(..8))
+                        .now_or_never()
+                        .expect("the echo is posted or queued without waiting")
+                        .expect("echo");
+                    true
+                }
+                Ok(None) => {
+                    let _ = done_tx.send(next);
+                    false
+                }
+                Err(e) => panic!("inline delivery failed: {e}"),
+            }
+        }));
+        for i in 10..N {
+            ctx.send(msg(i)).await.expect("send");
+        }
+        for k in 0..N / 100 {
+            let e = crx.recv().await.expect("echo").expect("echo message");
+            assert_eq!(u64::from_le_bytes(e[..8].try_into().unwrap()), k * 100 + 7);
+        }
+        ctx.close().await;
+        let got =
+            tokio::task::spawn_blocking(move || done_rx.recv_timeout(Duration::from_secs(60)))
+                .await
+                .unwrap()
+                .expect("Ok(None) after the peer's CLOSE");
+        assert_eq!(got, N, "every message delivered inline");
+        drop(stx.lock().unwrap().take());
+    })
+    .await
+    .expect("timeout");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_directions_at_once() {
     let Some(ip) = device_ip("both_directions_at_once") else {

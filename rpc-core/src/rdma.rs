@@ -65,6 +65,22 @@ impl FrameSender for RdmaSender {
     fn frame_granule(&self) -> usize {
         self.0.chunk_len()
     }
+    /// Posts from the calling task only while the connection is quiet
+    /// (`SendHalf::try_send_parts`); under load the frame goes to the
+    /// session's writer, which batches what queued meanwhile.
+    fn try_send(&mut self, frame: Bytes) -> Result<io::Result<()>, Bytes> {
+        match self.0.try_send_parts(Bytes::new(), frame) {
+            Ok(r) => Ok(r.map_err(to_io)),
+            Err((_, frame)) => Err(frame),
+        }
+    }
+    fn try_send_parts(
+        &mut self,
+        head: Bytes,
+        body: Bytes,
+    ) -> Result<io::Result<()>, (Bytes, Bytes)> {
+        self.0.try_send_parts(head, body).map(|r| r.map_err(to_io))
+    }
     async fn close(&mut self) {
         self.0.close().await
     }
@@ -73,6 +89,15 @@ impl FrameSender for RdmaSender {
 impl FrameReceiver for RdmaReceiver {
     async fn recv(&mut self) -> io::Result<Option<Bytes>> {
         self.0.recv().await.map_err(to_io)
+    }
+    fn deliver_inline(
+        self,
+        mut f: crate::conn::InlineFn,
+    ) -> Result<crate::conn::StopFn, (Self, crate::conn::InlineFn)> {
+        let stop = self
+            .0
+            .deliver_inline(Box::new(move |r| f(r.map_err(to_io))));
+        Ok(Box::new(move || stop.stop()))
     }
 }
 

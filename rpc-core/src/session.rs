@@ -289,8 +289,94 @@ pub(crate) async fn start<C: Connection>(
         shut: AtomicBool::new(false),
     });
     tokio::spawn(writer(shared.clone()));
-    tokio::spawn(reader(rx, shared.clone(), acceptor));
+    // Frames dispatched from the transport's own task where it can (RDMA:
+    // the connection's driver, no reader-task hop, issue 11); a reader task
+    // otherwise.
+    match rx.deliver_inline(inline_reader(shared.clone(), acceptor.clone())) {
+        Ok(stop) => {
+            tokio::spawn(stop_inline_on_shutdown(shared.clone(), stop));
+        }
+        Err((rx, _)) => {
+            tokio::spawn(reader(rx, shared.clone(), acceptor));
+        }
+    }
     Ok(shared)
+}
+
+/// The reader's work as a frame handler run by the transport: decode,
+/// dispatch (synchronous), and on the end of the connection or a violation
+/// fail the session. Returns `false` once the session ended.
+fn inline_reader(shared: Arc<Shared>, acceptor: Option<Acceptor>) -> crate::conn::InlineFn {
+    let limits = DecodeLimits {
+        max_metadata_bytes: shared.config.max_metadata_bytes as usize,
+    };
+    Box::new(move |next| {
+        if shared.shut.load(Ordering::Acquire) {
+            shared.fail(Status::unavailable("connection closed by this side"));
+            return false;
+        }
+        match handle_next(&shared, acceptor.as_ref(), &limits, next) {
+            None => true,
+            Some(status) => {
+                shared.fail(status);
+                false
+            }
+        }
+    })
+}
+
+/// Inline delivery ends with the session: when it fails or is closed
+/// locally, stop the transport's handler (as the reader task's end drops
+/// its receiver). Idle until then: no cost per frame.
+async fn stop_inline_on_shutdown(shared: Arc<Shared>, stop: crate::conn::StopFn) {
+    let shutdown = shared.shutdown.notified();
+    tokio::pin!(shutdown);
+    shutdown.as_mut().enable();
+    if !shared.shut.load(Ordering::Acquire) {
+        shutdown.await;
+    }
+    stop();
+}
+
+/// One step of the reader: the session's status when the connection ended
+/// or the peer broke the protocol, `None` to go on.
+fn handle_next(
+    shared: &Arc<Shared>,
+    acceptor: Option<&Acceptor>,
+    limits: &DecodeLimits,
+    next: io::Result<Option<Bytes>>,
+) -> Option<Status> {
+    let bytes = match next {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            return Some(Status::unavailable(format!(
+                "{} connection closed by the peer {}",
+                shared.info.transport,
+                shared.info.peer.map_or_else(String::new, |p| p.to_string())
+            )))
+        }
+        Err(e) => {
+            if e.kind() == std::io::ErrorKind::InvalidData {
+                // The transport caught the peer breaking its own protocol
+                // (e.g. RDMA credits or rendezvous buffers): say so.
+                tracing::warn!(peer = ?shared.info.peer, "closing connection: {e}");
+            } else {
+                tracing::debug!(peer = ?shared.info.peer, "connection lost: {e}");
+            }
+            return Some(io_status("lost the", &shared.info, &e));
+        }
+    };
+    // A peer that ignores the metadata limit it was told in HELLO is
+    // misbehaving too (§1.5): every violation closes the connection.
+    let handled = match frame::decode(bytes, limits) {
+        Ok(Frame::Batch(parts)) => parts.into_iter().try_for_each(|p| {
+            let f = frame::decode(p, limits)?;
+            shared.dispatch(f, acceptor)
+        }),
+        Ok(f) => shared.dispatch(f, acceptor),
+        Err(e) => Err(e.into()),
+    };
+    handled.err().map(|e| shared.misbehaved(e, acceptor))
 }
 
 /// Sends what the calls queued (see [`outbox`]) until the session ends, then
@@ -321,38 +407,8 @@ async fn reader<R: FrameReceiver>(mut rx: R, shared: Arc<Shared>, acceptor: Opti
             r = rx.recv() => r,
             _ = &mut shutdown => break Status::unavailable("connection closed by this side"),
         };
-        let bytes = match next {
-            Ok(Some(b)) => b,
-            Ok(None) => {
-                break Status::unavailable(format!(
-                    "{} connection closed by the peer {}",
-                    shared.info.transport,
-                    shared.info.peer.map_or_else(String::new, |p| p.to_string())
-                ))
-            }
-            Err(e) => {
-                if e.kind() == std::io::ErrorKind::InvalidData {
-                    // The transport caught the peer breaking its own protocol
-                    // (e.g. RDMA credits or rendezvous buffers): say so.
-                    tracing::warn!(peer = ?shared.info.peer, "closing connection: {e}");
-                } else {
-                    tracing::debug!(peer = ?shared.info.peer, "connection lost: {e}");
-                }
-                break io_status("lost the", &shared.info, &e);
-            }
-        };
-        // A peer that ignores the metadata limit it was told in HELLO is
-        // misbehaving too (§1.5): every violation closes the connection.
-        let handled = match frame::decode(bytes, &limits) {
-            Ok(Frame::Batch(parts)) => parts.into_iter().try_for_each(|p| {
-                let f = frame::decode(p, &limits)?;
-                shared.dispatch(f, acceptor.as_ref())
-            }),
-            Ok(f) => shared.dispatch(f, acceptor.as_ref()),
-            Err(e) => Err(e.into()),
-        };
-        if let Err(e) = handled {
-            break shared.misbehaved(e, acceptor.as_ref());
+        if let Some(status) = handle_next(&shared, acceptor.as_ref(), &limits, next) {
+            break status;
         }
     };
     shared.fail(status);

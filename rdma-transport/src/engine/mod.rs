@@ -454,6 +454,13 @@ impl Engine {
         self.reasm.as_ref().map_or(0, |r| r.buf.capacity())
     }
 
+    /// Messages sent that the peer has not yet returned the credit for
+    /// (still in flight, or received but not yet acknowledged): a measure
+    /// of how busy the connection is.
+    pub fn unreturned_credits(&self) -> u32 {
+        self.cfg.peer.credits.saturating_sub(self.credits)
+    }
+
     /// Current send credits (test/diagnostics).
     pub fn credits(&self) -> u32 {
         self.credits

@@ -92,11 +92,32 @@ pub trait FrameSender: Send + 'static {
     fn close(&mut self) -> impl Future<Output = ()> + Send;
 }
 
+/// A frame handler a transport runs from its own task for every frame
+/// ([`FrameReceiver::deliver_inline`]): `Ok(Some(frame))`, then `Ok(None)`
+/// when the peer closed cleanly or the final error. Returns `false` to stop.
+pub type InlineFn = Box<dyn FnMut(io::Result<Option<Bytes>>) -> bool + Send>;
+
+/// Stops inline delivery from another task ([`FrameReceiver::deliver_inline`]).
+pub type StopFn = Box<dyn FnOnce() + Send>;
+
 /// The receiving half of a [`Connection`].
 pub trait FrameReceiver: Send + 'static {
     /// The next frame; `Ok(None)` when the peer closed the connection cleanly.
     /// Errors (peer gone, protocol violation) are final.
     fn recv(&mut self) -> impl Future<Output = io::Result<Option<Bytes>>> + Send;
+
+    /// Has the transport call `f` for every frame from its own task (RDMA:
+    /// the connection's driver, right after the completion), so no reader
+    /// task sits between the transport and the call layer. `f` must not
+    /// block. Returns a function that stops delivery, or gives `self` and
+    /// `f` back when the transport cannot (the default): the caller then
+    /// runs a reader task on [`recv`](Self::recv).
+    fn deliver_inline(self, f: InlineFn) -> Result<StopFn, (Self, InlineFn)>
+    where
+        Self: Sized,
+    {
+        Err((self, f))
+    }
 }
 
 /// `head ++ body` in one buffer.
