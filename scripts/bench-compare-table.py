@@ -28,7 +28,15 @@ def med(cs, k):
     return st.median(c[k] for c in cs)
 
 
-data = {n: (cells(f"{n}-[0-9]"), cells(f"{n}-ct-[0-9]")) for n in names}
+def merged(*pats):
+    out = {}
+    for p in pats:
+        for k, v in cells(p).items():
+            out.setdefault(k, []).extend(v)
+    return out
+
+
+data = {n: (merged(f"{n}-[0-9]", f"{n}-1m-[0-9]"), cells(f"{n}-ct-[0-9]")) for n in names}
 print("| cell | " + " | ".join(names) + " |")
 print("|---|" + "---|" * len(names))
 keys = sorted({k for n in names for k in data[n][0]})

@@ -2,7 +2,7 @@
 # Several bench binaries in ONE Soft-RoCE VM boot, interleaved over ROUNDS
 # rounds (docs/benchmarks.md): perftest first (ib_send_lat 64 B, ib_write_bw
 # 1 MiB), then per round and binary: 64 B unary at 1, 8 and 64 in flight and
-# 1 MiB at 1 and 8 (rdma and tonic-tcp), and 64 B at 1 in flight on a
+# 1 MiB at 1 and 8 (rdma and tonic-tcp; two bench runs), and 64 B at 1 in flight on a
 # current_thread runtime. BENCHES="name=path name=path ..." (default: this
 # checkout's release bench as "after"). Table: scripts/bench-compare-table.py.
 # Run: ../shared/softroce/run-in-softroce-vm.sh scripts/bench-compare.sh
@@ -18,8 +18,10 @@ for r in $(seq 1 "$ROUNDS"); do
   for nb in $BENCHES; do
     n=${nb%%=*}; b=${nb#*=}
     echo "--- $n round $r" >&2
-    timeout 300 "$b" --addr "$SOFTROCE_IP:0" --paths rdma,tonic-tcp --payloads 64,1m --inflight 1,8,64 \
-      --duration-ms 1000 --max-cell-mib 16 --json "$O/$n-$r.json" > "$O/$n-$r.txt" 2>&1 || echo "$n $r failed" >&2
+    timeout 300 "$b" --addr "$SOFTROCE_IP:0" --paths rdma,tonic-tcp --payloads 64 --inflight 1,8,64 \
+      --duration-ms 1000 --json "$O/$n-$r.json" > "$O/$n-$r.txt" 2>&1 || echo "$n $r failed" >&2
+    timeout 300 "$b" --addr "$SOFTROCE_IP:0" --paths rdma,tonic-tcp --payloads 1m --inflight 1,8 \
+      --duration-ms 1000 --max-cell-mib 16 --json "$O/$n-1m-$r.json" > "$O/$n-1m-$r.txt" 2>&1 || echo "$n 1m $r failed" >&2
     timeout 120 "$b" --addr "$SOFTROCE_IP:0" --paths rdma,tonic-tcp --payloads 64 --inflight 1 \
       --duration-ms 1000 --current-thread --json "$O/$n-ct-$r.json" > "$O/$n-ct-$r.txt" 2>&1 || echo "$n ct $r failed" >&2
   done
