@@ -962,7 +962,7 @@ impl SendHalf {
 
     /// Posts `head ++ body` now, from the calling task, if the connection
     /// is quiet: no message is waiting in the engine and fewer than
-    /// [`QUIET_UNRETURNED`] sent messages are still unacknowledged by the
+    /// 2 sent messages are still unacknowledged by the
     /// peer. Otherwise gives the parts back (`Err`), so that the caller can
     /// queue them and send several together later (the call layer then
     /// batches frames into one message, which costs the peer one receive
