@@ -4,11 +4,12 @@
 //! (including a rendezvous region that does not wrap the address space).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use rdma_transport::engine::wire::{Header, Hello};
+use rdma_transport::engine::wire::{Header, Hello, HELLO_FLAGS_KNOWN};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(h) = Hello::decode(data) {
-        assert_eq!(h.flags, 0);
+        // Only the flags this version knows (§2.1: bit 0, WRITE_IMM).
+        assert_eq!(h.flags & !HELLO_FLAGS_KNOWN, 0);
         assert!((4..=4096).contains(&h.credits));
         assert!((48..=1 << 24).contains(&h.recv_slot_bytes));
         assert!(h.rdv_count >= 1 && h.rdv_count <= 4096);
