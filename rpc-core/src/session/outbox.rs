@@ -193,7 +193,15 @@ impl Outbox {
         shut: impl Fn() -> bool,
         on_sent: impl Fn(u32, &io::Result<()>),
     ) {
+        let mut woken = false;
         loop {
+            if std::mem::take(&mut woken) && !self.lock().queue.is_empty() {
+                // Woken with frames to send: let the tasks that are ready
+                // now queue theirs too, so they leave in one BATCH rather
+                // than one message each (under load; a quiet connection's
+                // frames were sent by their own tasks and the queue is empty).
+                tokio::task::yield_now().await;
+            }
             let next = {
                 let mut inner = self.lock();
                 if inner.queue.is_empty() {
@@ -210,6 +218,7 @@ impl Outbox {
                     break;
                 }
                 self.wake.notified().await;
+                woken = true;
                 continue;
             };
             let r = tx.send(out.msg, out.body).await;
