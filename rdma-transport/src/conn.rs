@@ -203,7 +203,23 @@ async fn connect_inner(
     addr: SocketAddr,
     cfg: &Config,
 ) -> Result<Connection, Error> {
-    let h = handshake(addr, local, cfg, |_| {}).await?;
+    // iWARP (§9): rdma_connect binds a real TCP port, which can collide with
+    // a TCP socket already using the same ephemeral port (EADDRINUSE, seen
+    // on siw while the same host ran TCP connections); a fresh cm_id picks
+    // another port.
+    let mut collisions = 0;
+    let h = loop {
+        match handshake(addr, local, cfg, |_| {}).await {
+            Err(Error::Verb {
+                verb: "rdma_connect",
+                errno,
+            }) if errno.0 == libc::EADDRINUSE && collisions < CONNECT_PORT_RETRIES => {
+                collisions += 1;
+                tracing::debug!("connect to {addr}: local port in use, retrying ({collisions})");
+            }
+            r => break r?,
+        }
+    };
     let ecfg = engine_config(cfg, &h.res, h.peer_hello);
     let mut engine = Engine::new(ecfg).map_err(engine_err)?;
     let _already_posted = engine.take_actions();
@@ -716,6 +732,10 @@ enum Item {
     Closed,
     Err(Error),
 }
+
+/// Times `connect` retries with a fresh cm_id when `rdma_connect` finds its
+/// local port taken (iWARP, §9).
+const CONNECT_PORT_RETRIES: u32 = 3;
 
 /// [`SendHalf::try_send_parts`] posts at once only while fewer sent
 /// messages than this are unacknowledged by the peer.
