@@ -764,6 +764,13 @@ struct Core {
 }
 
 impl Core {
+    /// Submits `head ++ body` and posts what the engine can; a failed post
+    /// is recorded for the driver (the caller wakes it with `Shared::kick`).
+    fn submit_and_post(&mut self, head: Bytes, body: Bytes) -> Result<(), Error> {
+        self.engine.submit_parts(head, body);
+        self.post().inspect_err(|e| self.failed = Some(e.clone()))
+    }
+
     /// Lets the engine post what it can (§4.2, §5.2).
     fn post(&mut self) -> Result<(), Error> {
         self.engine.progress(&mut self.mem);
@@ -966,14 +973,12 @@ impl SendHalf {
                 }
                 if core.engine.pending_msgs() < self.shared.send_limit {
                     let (head, body) = msg.take().expect("message not yet submitted");
-                    core.engine.submit_parts(head, body);
-                    if let Err(e) = core.post() {
-                        core.failed = Some(e.clone());
-                        drop(g);
+                    let r = core.submit_and_post(head, body);
+                    drop(g);
+                    if r.is_err() {
                         self.shared.kick.notify_one();
-                        return Err(e);
                     }
-                    return Ok(());
+                    return r;
                 }
             }
             room.await;
@@ -1011,14 +1016,12 @@ impl SendHalf {
         if core.engine.pending_msgs() > 0 || core.engine.unreturned_credits() >= QUIET_UNRETURNED {
             return Err((head, body));
         }
-        core.engine.submit_parts(head, body);
-        if let Err(e) = core.post() {
-            core.failed = Some(e.clone());
-            drop(g);
+        let r = core.submit_and_post(head, body);
+        drop(g);
+        if r.is_err() {
             self.shared.kick.notify_one();
-            return Ok(Err(e));
         }
-        Ok(Ok(()))
+        Ok(r)
     }
 
     /// Bytes per rendezvous chunk on this connection (§5.2): a message

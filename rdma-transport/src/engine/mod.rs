@@ -967,27 +967,17 @@ impl Engine {
                         self.counters.msgs_sent += 1;
                         self.counters.bytes_sent += total as u64;
                     }
-                    if self.cfg.write_imm {
-                        // §5.4: the WRITE's immediate data is the
-                        // notification; it consumes a receive buffer (a
-                        // credit) at the peer like a SEND. Signalled so the
-                        // staging buffer is released promptly.
-                        let following = remaining.div_ceil(self.chunk);
-                        let imm = wire::chunk_imm(idx, following, last);
-                        let (wr_id, _) = self.push_record(Some(Held::Staging(st)), true);
-                        self.actions.push(Action::PostWrite {
-                            staging: st,
-                            len: clen,
-                            remote_addr,
-                            rkey: self.cfg.peer.rdv_rkey,
-                            wr_id,
-                            signaled: true,
-                            imm: Some(imm),
-                        });
-                        self.credits -= 1;
-                        continue;
-                    }
-                    let (wr_id, signaled) = self.push_record(Some(Held::Staging(st)), false);
+                    // §5.4: with immediates the WRITE's immediate data is
+                    // the notification; it consumes a receive buffer (a
+                    // credit) at the peer like a SEND, and is signalled so
+                    // the staging buffer is released promptly. Otherwise a
+                    // CHUNK SEND follows the (unsignalled) WRITE.
+                    let imm = self
+                        .cfg
+                        .write_imm
+                        .then(|| wire::chunk_imm(idx, remaining.div_ceil(self.chunk), last));
+                    let (wr_id, signaled) =
+                        self.push_record(Some(Held::Staging(st)), imm.is_some());
                     self.actions.push(Action::PostWrite {
                         staging: st,
                         len: clen,
@@ -995,8 +985,12 @@ impl Engine {
                         rkey: self.cfg.peer.rdv_rkey,
                         wr_id,
                         signaled,
-                        imm: None,
+                        imm,
                     });
+                    if imm.is_some() {
+                        self.credits -= 1;
+                        continue;
+                    }
                     let mut h = Header::new(Kind::Chunk);
                     h.len = clen as u32;
                     h.rdv_index = idx;
