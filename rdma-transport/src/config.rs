@@ -33,20 +33,47 @@ pub enum PollMode {
 
 /// Per-connection (and a few process-wide) limits and tunables.
 ///
-/// Registered memory per connection is `recv_slots * recv_slot_bytes +
-/// send_slots * recv_slot_bytes + 2 * rendezvous_buffers *
-/// rendezvous_buffer_bytes` (receive ring, send ring, advertised rendezvous
-/// region, staging region): 5 MiB with the defaults.
+/// Registered memory per connection, with memory on demand (the default,
+/// `docs/wire-protocol-rdma.md` §4.6 and §5.5): `initial_recv_slots *
+/// recv_slot_bytes + initial_send_slots * recv_slot_bytes` while idle
+/// (256 KiB with the defaults); the rings grow to `recv_slots` and
+/// `send_slots` under load, and the rendezvous region and the staging
+/// buffers (`rendezvous_buffers * rendezvous_buffer_bytes` each, 2 MiB with
+/// the defaults) are registered while large messages flow and released after
+/// `memory_idle_release` without them. The most a connection registers is
+/// `recv_slots * recv_slot_bytes + send_slots * recv_slot_bytes + 2 *
+/// rendezvous_buffers * rendezvous_buffer_bytes`: 5 MiB with the defaults,
+/// all of it up front with `memory_on_demand: false`.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Receive buffers pre-posted per connection = initial credits of the
-    /// peer. Default 64. Range 4..=4096.
+    /// Most receive buffers posted per connection (the most credits the
+    /// peer gets). Default 64. Range 4..=4096.
     pub recv_slots: u32,
+    /// Receive buffers posted when the connection starts = the peer's
+    /// initial credits, with memory on demand; the ring doubles (up to
+    /// `recv_slots`) when the peer uses half its credits before they could
+    /// be returned (§4.6). Default 16. Range 4..=`recv_slots`.
+    pub initial_recv_slots: u32,
     /// Bytes per receive (and send) slot, 32-byte header included.
     /// Default 8192. Minimum 64.
     pub recv_slot_bytes: usize,
-    /// Send slots per connection. Default 64. Minimum 4.
+    /// Most send slots per connection. Default 64. Minimum 4.
     pub send_slots: u32,
+    /// Send slots registered when the connection starts, with memory on
+    /// demand; the ring doubles (up to `send_slots`) while messages wait for
+    /// a slot, and shrinks back when idle. Default 16. Range 4..=`send_slots`.
+    pub initial_send_slots: u32,
+    /// Memory on demand (`docs/wire-protocol-rdma.md` §4.6, §5.5): rings
+    /// that start small and grow, a rendezvous region registered when the
+    /// peer asks for it, staging buffers registered while large messages are
+    /// sent, and both given back after `memory_idle_release` without use.
+    /// With `false` all of it is registered up front and kept (the region
+    /// is advertised in the hello). Default true.
+    pub memory_on_demand: bool,
+    /// Memory on demand: the rendezvous region, the staging buffers and the
+    /// grown send ring are given back once unused for one to two of these
+    /// intervals. Zero keeps them once registered. Default 5 s.
+    pub memory_idle_release: Duration,
     /// Payloads larger than this go by RDMA WRITE rendezvous; smaller or
     /// equal ones by a single SEND. Capped at `recv_slot_bytes - 32` (and the
     /// peer's slot size). Default 4096.
@@ -124,8 +151,12 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             recv_slots: 64,
+            initial_recv_slots: 16,
             recv_slot_bytes: 8192,
             send_slots: 64,
+            initial_send_slots: 16,
+            memory_on_demand: true,
+            memory_idle_release: Duration::from_secs(5),
             rendezvous_threshold_bytes: 4096,
             rendezvous_buffer_bytes: 256 * 1024,
             rendezvous_buffers: 8,
@@ -162,6 +193,12 @@ impl Config {
         if !(4..=16384).contains(&self.send_slots) {
             return bad("send_slots must be in 4..=16384");
         }
+        if !(4..=self.recv_slots).contains(&self.initial_recv_slots) {
+            return bad("initial_recv_slots must be in 4..=recv_slots");
+        }
+        if !(4..=self.send_slots).contains(&self.initial_send_slots) {
+            return bad("initial_send_slots must be in 4..=send_slots");
+        }
         if self.rendezvous_buffer_bytes < 4096 || self.rendezvous_buffer_bytes > (1 << 30) {
             return bad("rendezvous_buffer_bytes must be in 4096..=1 GiB");
         }
@@ -184,6 +221,24 @@ impl Config {
             return bad("send_queue_messages must be >= 1");
         }
         Ok(())
+    }
+
+    /// Receive slots posted at the start (the hello's credits).
+    pub(crate) fn recv_slots_at_start(&self) -> u32 {
+        if self.memory_on_demand {
+            self.initial_recv_slots
+        } else {
+            self.recv_slots
+        }
+    }
+
+    /// Send slots registered at the start.
+    pub(crate) fn send_slots_at_start(&self) -> u32 {
+        if self.memory_on_demand {
+            self.initial_send_slots
+        } else {
+            self.send_slots
+        }
     }
 
     pub(crate) fn signal_every_eff(&self) -> u32 {

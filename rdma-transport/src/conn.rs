@@ -13,7 +13,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::config::{Config, PollMode};
-use crate::engine::wire::{Hello, HELLO_FLAG_WRITE_IMM, VERSION};
+use crate::engine::wire::{Hello, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_WRITE_IMM, VERSION};
 use crate::engine::{
     Action, Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
 };
@@ -104,8 +104,17 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
         send_slot_bytes: cfg.recv_slot_bytes,
         rdv_count: cfg.rendezvous_buffers as usize,
         rdv_bytes: cfg.rendezvous_buffer_bytes,
+        recv_seg: cfg.recv_slots_at_start() as usize,
+        send_seg: cfg.send_slots_at_start() as usize,
     };
-    let mut mem = ConnMemory::new(&pd, sizes, cfg.global_max_registered_bytes)?;
+    let mut mem = ConnMemory::new(
+        &pd,
+        sizes,
+        cfg.global_max_registered_bytes,
+        cfg.recv_slots_at_start() as usize,
+        cfg.send_slots_at_start() as usize,
+        !cfg.memory_on_demand,
+    )?;
     let qp = Qp::new(
         id.clone(),
         pd,
@@ -117,7 +126,7 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
     mem.attach_qp(qp);
     // §4.1: every receive slot is posted before connect/accept, so the peer
     // may use all its initial credits as soon as the connection is up.
-    let initial: Vec<_> = (0..cfg.recv_slots)
+    let initial: Vec<_> = (0..cfg.recv_slots_at_start())
         .map(|slot| crate::engine::Action::PostRecv {
             slot,
             wr_id: crate::engine::recv_wr_id(slot, 0),
@@ -126,15 +135,18 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
     mem.execute(&initial)?;
     // §5.4: offer chunk notification by WRITE with immediate data where the
     // device has it (not on iWARP).
-    let flags = if cfg.write_with_imm && !id.is_iwarp() {
+    let mut flags = if cfg.write_with_imm && !id.is_iwarp() {
         HELLO_FLAG_WRITE_IMM
     } else {
         0
     };
+    if cfg.memory_on_demand {
+        flags |= HELLO_FLAG_ON_DEMAND;
+    }
     let hello = Hello {
         version: VERSION,
         flags,
-        credits: cfg.recv_slots,
+        credits: cfg.recv_slots_at_start(),
         recv_slot_bytes: cfg.recv_slot_bytes as u32,
         rdv_count: cfg.rendezvous_buffers,
         rdv_bytes: cfg.rendezvous_buffer_bytes as u32,
@@ -149,8 +161,11 @@ fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
     let max_inline = res.mem.qp().map(|q| q.max_inline).unwrap_or(0) as usize;
     EngineConfig {
         recv_slots: cfg.recv_slots,
+        initial_recv_slots: cfg.recv_slots_at_start(),
         recv_slot_bytes: cfg.recv_slot_bytes,
         send_slots: cfg.send_slots,
+        initial_send_slots: cfg.send_slots_at_start(),
+        on_demand: cfg.memory_on_demand,
         send_slot_bytes: cfg.recv_slot_bytes,
         rendezvous_threshold: cfg.rendezvous_threshold_bytes,
         rdv_count: cfg.rendezvous_buffers,
@@ -170,6 +185,7 @@ fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
 fn engine_err(e: EngineError) -> Error {
     match e {
         EngineError::Protocol(v) => Error::Protocol(v),
+        EngineError::Resource(m) => Error::ResourceLimit(m),
         EngineError::Completion { status, .. } => Error::Completion {
             status,
             status_str: Cq::status_str(status),
@@ -773,9 +789,19 @@ impl Core {
 
     /// Lets the engine post what it can (§4.2, §5.2).
     fn post(&mut self) -> Result<(), Error> {
-        self.engine.progress(&mut self.mem);
+        let p = self.engine.progress(&mut self.mem);
         self.engine.swap_actions(&mut self.actions);
-        let r = self.mem.execute(&self.actions);
+        // Post what was queued before a failure too: receives the engine
+        // counted as posted must be.
+        let r = self.mem.execute(&self.actions).and(p.map_err(|e| match e {
+            EngineError::Resource(m) => Error::ResourceLimit(m),
+            EngineError::Protocol(v) => Error::Protocol(v),
+            EngineError::Completion { status, .. } => Error::Completion {
+                status,
+                status_str: Cq::status_str(status),
+                what: "send",
+            },
+        }));
         if !self.actions.is_empty() {
             // §4.4: no clock read per post; the keepalive timer looks at this.
             self.posted = true;
@@ -1176,6 +1202,7 @@ fn spawn_driver(
     stats.bump(|s| &s.connections, 1);
     let max = cfg.max_message_bytes.min(peer_hello.max_message as usize);
     let keepalive_timer = Box::pin(tokio::time::sleep(cfg.keepalive));
+    let idle_timer = Box::pin(tokio::time::sleep(cfg.memory_idle_release));
     let spin = SpinBudget::new(cfg.poll_mode, cfg.busy_poll);
     let d = Driver {
         cm_afd,
@@ -1196,6 +1223,7 @@ fn spawn_driver(
         peer_gone: false,
         wcs: Vec::with_capacity(64),
         keepalive_timer,
+        idle_timer,
         woke_receiver: false,
         spin,
         setup_kick: active.then(|| {
@@ -1299,6 +1327,9 @@ struct Driver {
     /// was posted during a whole interval (so after 1 to 2 intervals of
     /// idleness).
     keepalive_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Memory on demand (§5.5): fires once per `memory_idle_release`; what
+    /// went unused for a whole interval is given back.
+    idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// A message was handed to the `RecvHalf` since the driver last yielded
     /// (§8: yield before busy-polling, so the task it woke can run on this
     /// worker first).
@@ -1392,9 +1423,10 @@ impl Driver {
                     byte_len: wc.byte_len,
                     imm: wc.imm,
                 };
-                if let Err(e) = core.engine.on_completion(c, &core.mem) {
+                if let Err(e) = core.engine.on_completion(c, &mut core.mem) {
                     return Err(match e {
                         EngineError::Protocol(v) => Error::Protocol(v),
+                        EngineError::Resource(m) => Error::ResourceLimit(m),
                         EngineError::Completion { status, .. } if status == WC_FLUSH_ERR => {
                             Error::Disconnected
                         }
@@ -1596,6 +1628,8 @@ impl Driver {
             }
             let cmds = self.cmd_open;
             let keepalive = !self.cfg.keepalive.is_zero();
+            let idle_release =
+                self.cfg.memory_on_demand && !self.cfg.memory_idle_release.is_zero();
             if self.setup_kick.is_some()
                 && self.with_engine(|e| e.heard_from_peer()).unwrap_or(true)
             {
@@ -1680,6 +1714,18 @@ impl Driver {
                         self.stats.bump(|s| &s.keepalives, 1);
                     }
                     self.keepalive_timer.as_mut().reset(now + self.cfg.keepalive);
+                }
+                _ = self.idle_timer.as_mut(), if idle_release => {
+                    let now = tokio::time::Instant::now();
+                    if let Some(c) = self.shared.core().as_mut() {
+                        let Core { engine, mem, .. } = c;
+                        engine.on_idle_tick(mem);
+                    }
+                    // Posts a REVOKE if one is due (§5.5).
+                    self.step()?;
+                    self.idle_timer
+                        .as_mut()
+                        .reset(now + self.cfg.memory_idle_release);
                 }
                 _ = self.deliver_tx.closed(), if self.recv_open => {
                     self.recv_open = false;

@@ -155,6 +155,31 @@ pub enum PeerMisbehaved {
     /// immediate data.
     #[error("a message mixes CHUNK and immediate-data chunk notifications")]
     ChunkNotificationMixed,
+    // ---- memory on demand, §4.6 and §5.5 ----
+    /// An on-demand message (RDV_REQUEST, RDV_GRANT, RDV_REVOKE,
+    /// RDV_RELEASE, or a credit grant) though the hellos did not negotiate
+    /// memory on demand, or at a moment §5.5 does not allow it.
+    #[error("{kind} {why}")]
+    OnDemandUnexpected {
+        /// Kind name.
+        kind: &'static str,
+        /// What was wrong with it.
+        why: &'static str,
+    },
+    /// An RDV_GRANT whose region wraps around the address space.
+    #[error("granted rendezvous region at {addr:#x} wraps around the address space")]
+    GrantRegionOverflow {
+        /// Address of buffer 0.
+        addr: u64,
+    },
+    /// A credit grant that lowers the limit or exceeds §2.1's maximum.
+    #[error("credit grant to {limit} (current limit {current}, maximum 4096)")]
+    CreditGrantRange {
+        /// The new limit.
+        limit: u64,
+        /// The current limit.
+        current: u32,
+    },
     // ---- eager, §4.1 ----
     /// An EAGER message arrived while a rendezvous message was incomplete.
     #[error("eager message inside a rendezvous message")]

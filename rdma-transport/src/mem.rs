@@ -186,7 +186,8 @@ impl Drop for RegisteredBuf {
     }
 }
 
-/// Sizes of the four per-connection pools.
+/// Sizes of the four per-connection pools (their largest sizes; memory on
+/// demand registers less, `docs/wire-protocol-rdma.md` §4.6 and §5.5).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct PoolSizes {
     pub recv_slots: usize,
@@ -195,18 +196,90 @@ pub(crate) struct PoolSizes {
     pub send_slot_bytes: usize,
     pub rdv_count: usize,
     pub rdv_bytes: usize,
+    /// Slots per registered segment of the receive ring (it grows a
+    /// segment at a time).
+    pub recv_seg: usize,
+    /// Slots per registered segment of the send ring (it grows and shrinks
+    /// a segment at a time).
+    pub send_seg: usize,
+}
+
+/// A ring of equal slots registered a segment at a time, on demand.
+struct SlotPool {
+    segs: Vec<Option<RegisteredBuf>>,
+    seg_slots: usize,
+    slot_bytes: usize,
+    slots: usize,
+}
+
+impl SlotPool {
+    fn new(slots: usize, slot_bytes: usize, seg_slots: usize) -> SlotPool {
+        let seg_slots = seg_slots.clamp(1, slots.max(1));
+        SlotPool {
+            segs: (0..slots.div_ceil(seg_slots)).map(|_| None).collect(),
+            seg_slots,
+            slot_bytes,
+            slots,
+        }
+    }
+
+    /// Registers every segment that holds one of slots `0..n`.
+    fn ensure(&mut self, pd: &Arc<Pd>, n: usize, limit: usize) -> Result<(), Error> {
+        let n = n.min(self.slots);
+        for k in 0..n.div_ceil(self.seg_slots) {
+            if self.segs[k].is_none() {
+                let count = self.seg_slots.min(self.slots - k * self.seg_slots);
+                self.segs[k] = Some(RegisteredBuf::new(
+                    pd,
+                    count * self.slot_bytes,
+                    false,
+                    limit,
+                )?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Deregisters every segment whose slots are all at or above `n` (the
+    /// caller guarantees none of them is posted).
+    fn trim(&mut self, n: usize) {
+        for k in n.div_ceil(self.seg_slots)..self.segs.len() {
+            self.segs[k] = None;
+        }
+    }
+
+    /// The registered segment holding slot `i`, and the slot's offset in it.
+    fn at(&self, i: usize) -> (&RegisteredBuf, usize) {
+        assert!(i < self.slots, "slot {i} out of range");
+        let seg = self.segs[i / self.seg_slots]
+            .as_ref()
+            .expect("the engine uses registered slots only");
+        (seg, (i % self.seg_slots) * self.slot_bytes)
+    }
+
+    fn at_mut(&mut self, i: usize) -> (&mut RegisteredBuf, usize) {
+        assert!(i < self.slots, "slot {i} out of range");
+        let seg = self.segs[i / self.seg_slots]
+            .as_mut()
+            .expect("the engine uses registered slots only");
+        (seg, (i % self.seg_slots) * self.slot_bytes)
+    }
 }
 
 /// QP + all registered memory of one connection (§8 of the wire doc;
-/// ownership rules in `docs/buffer-ownership.md`).
+/// ownership rules in `docs/buffer-ownership.md`). The rings are registered
+/// a segment at a time, the rendezvous region and the staging buffers only
+/// while in use (memory on demand, §4.6 and §5.5).
 pub(crate) struct ConnMemory {
     // Declared first: dropped first, before any buffer.
     qp: Option<Qp>,
-    recv: RegisteredBuf,
-    send: RegisteredBuf,
-    rdv: RegisteredBuf,
-    staging: RegisteredBuf,
+    recv: SlotPool,
+    send: SlotPool,
+    rdv: Option<RegisteredBuf>,
+    staging: Option<RegisteredBuf>,
     sz: PoolSizes,
+    pd: Arc<Pd>,
+    global_limit: usize,
     /// Scratch lists of [`execute`](Self::execute), kept so that posting
     /// allocates nothing in steady state.
     recvs: Vec<(u64, u64, u32, u32)>,
@@ -214,17 +287,43 @@ pub(crate) struct ConnMemory {
 }
 
 impl ConnMemory {
-    pub(crate) fn new(pd: &Arc<Pd>, sz: PoolSizes, global_limit: usize) -> Result<Self, Error> {
-        Ok(ConnMemory {
+    /// Registers receive slots `0..recv`, send slots `0..send`, and, with
+    /// `static_rdv`, the rendezvous region (advertised in the hello).
+    pub(crate) fn new(
+        pd: &Arc<Pd>,
+        sz: PoolSizes,
+        global_limit: usize,
+        recv: usize,
+        send: usize,
+        static_rdv: bool,
+    ) -> Result<Self, Error> {
+        let mut m = ConnMemory {
             qp: None,
-            recv: RegisteredBuf::new(pd, sz.recv_slots * sz.recv_slot_bytes, false, global_limit)?,
-            send: RegisteredBuf::new(pd, sz.send_slots * sz.send_slot_bytes, false, global_limit)?,
-            rdv: RegisteredBuf::new(pd, sz.rdv_count * sz.rdv_bytes, true, global_limit)?,
-            staging: RegisteredBuf::new(pd, sz.rdv_count * sz.rdv_bytes, false, global_limit)?,
+            recv: SlotPool::new(sz.recv_slots, sz.recv_slot_bytes, sz.recv_seg),
+            send: SlotPool::new(sz.send_slots, sz.send_slot_bytes, sz.send_seg),
+            rdv: None,
+            staging: None,
             sz,
+            pd: pd.clone(),
+            global_limit,
             recvs: Vec::new(),
             sends: Vec::new(),
-        })
+        };
+        m.recv.ensure(pd, recv, global_limit)?;
+        m.send.ensure(pd, send, global_limit)?;
+        if static_rdv {
+            m.rdv = Some(m.register_rdv()?);
+        }
+        Ok(m)
+    }
+
+    fn register_rdv(&self) -> Result<RegisteredBuf, Error> {
+        RegisteredBuf::new(
+            &self.pd,
+            self.sz.rdv_count * self.sz.rdv_bytes,
+            true,
+            self.global_limit,
+        )
     }
 
     pub(crate) fn attach_qp(&mut self, qp: Qp) {
@@ -235,12 +334,14 @@ impl ConnMemory {
         self.qp.as_ref()
     }
 
+    /// Address of the region advertised in the hello (0 if on demand).
     pub(crate) fn rdv_addr(&self) -> u64 {
-        self.rdv.addr()
+        self.rdv.as_ref().map_or(0, |r| r.addr())
     }
 
+    /// rkey of the region advertised in the hello (0 if on demand).
     pub(crate) fn rdv_rkey(&self) -> u32 {
-        self.rdv.rkey()
+        self.rdv.as_ref().map_or(0, |r| r.rkey())
     }
 
     /// Destroys the QP; afterwards the NIC cannot access any buffer.
@@ -261,14 +362,12 @@ impl ConnMemory {
         for a in actions {
             match *a {
                 Action::PostRecv { slot, wr_id } => {
-                    let slot = slot as usize;
-                    assert!(slot < self.sz.recv_slots);
-                    let addr = self.recv.addr() + (slot * self.sz.recv_slot_bytes) as u64;
+                    let (seg, off) = self.recv.at(slot as usize);
                     recvs.push((
                         wr_id,
-                        addr,
+                        seg.addr() + off as u64,
                         self.sz.recv_slot_bytes as u32,
-                        self.recv.lkey(),
+                        seg.lkey(),
                     ));
                 }
                 Action::PostSend {
@@ -278,13 +377,13 @@ impl ConnMemory {
                     signaled,
                     inline,
                 } => {
-                    let slot = slot as usize;
-                    assert!(slot < self.sz.send_slots && len <= self.sz.send_slot_bytes);
+                    assert!(len <= self.sz.send_slot_bytes);
+                    let (seg, off) = self.send.at(slot as usize);
                     sends.push(SendDesc {
                         wr_id,
-                        addr: self.send.addr() + (slot * self.sz.send_slot_bytes) as u64,
+                        addr: seg.addr() + off as u64,
                         len: len as u32,
-                        lkey: self.send.lkey(),
+                        lkey: seg.lkey(),
                         signaled,
                         inline,
                         remote: None,
@@ -302,11 +401,18 @@ impl ConnMemory {
                 } => {
                     let st = staging as usize;
                     assert!(st < self.sz.rdv_count && len <= self.sz.rdv_bytes);
+                    // A zero-length WRITE (keepalive, §4.4) reads nothing:
+                    // no staging buffer needs to be registered for it.
+                    let (addr, lkey) = match &self.staging {
+                        Some(b) => (b.addr() + (st * self.sz.rdv_bytes) as u64, b.lkey()),
+                        None if len == 0 => (0, 0),
+                        None => panic!("WRITE from staging buffers that are not registered"),
+                    };
                     sends.push(SendDesc {
                         wr_id,
-                        addr: self.staging.addr() + (st * self.sz.rdv_bytes) as u64,
+                        addr,
                         len: len as u32,
-                        lkey: self.staging.lkey(),
+                        lkey,
                         signaled,
                         inline: false,
                         remote: Some((remote_addr, rkey)),
@@ -340,19 +446,68 @@ impl Drop for ConnMemory {
 impl Buffers for ConnMemory {
     fn recv_slot(&self, i: u32) -> &[u8] {
         let s = self.sz.recv_slot_bytes;
-        self.recv.slice_local(i as usize * s, s)
+        let (seg, off) = self.recv.at(i as usize);
+        seg.slice_local(off, s)
     }
     fn send_slot(&mut self, i: u32) -> &mut [u8] {
         let s = self.sz.send_slot_bytes;
-        self.send.slice_mut(i as usize * s, s)
+        let (seg, off) = self.send.at_mut(i as usize);
+        seg.slice_mut(off, s)
     }
     fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut) {
         let s = self.sz.rdv_bytes;
         assert!(len <= s, "copy of {len} bytes from a {s}-byte buffer");
-        self.rdv.append_to(i as usize * s, len, out)
+        let rdv = self.rdv.as_ref().expect("a chunk lands in a registered region");
+        rdv.append_to(i as usize * s, len, out)
     }
     fn staging(&mut self, i: u32) -> &mut [u8] {
         let s = self.sz.rdv_bytes;
-        self.staging.slice_mut(i as usize * s, s)
+        let st = self.staging.as_mut().expect("staging opened before use");
+        st.slice_mut(i as usize * s, s)
+    }
+    fn open_rdv(&mut self) -> Result<(u64, u32), String> {
+        debug_assert!(self.rdv.is_none());
+        let r = self.register_rdv().map_err(|e| e.to_string())?;
+        let granted = (r.addr(), r.rkey());
+        self.rdv = Some(r);
+        Ok(granted)
+    }
+    fn close_rdv(&mut self) {
+        // The engine calls this after the peer's RDV_RELEASE: no WRITE of
+        // its can still land (buffer-ownership.md). Deregistered and freed
+        // by RegisteredBuf's Drop; a late WRITE with the old rkey fails at
+        // the NIC and breaks only this connection.
+        self.rdv = None;
+    }
+    fn open_staging(&mut self) -> Result<(), String> {
+        if self.staging.is_none() {
+            let st = RegisteredBuf::new(
+                &self.pd,
+                self.sz.rdv_count * self.sz.rdv_bytes,
+                false,
+                self.global_limit,
+            )
+            .map_err(|e| e.to_string())?;
+            self.staging = Some(st);
+        }
+        Ok(())
+    }
+    fn close_staging(&mut self) {
+        // Called only when every staging buffer is free: no posted WRITE
+        // reads it.
+        self.staging = None;
+    }
+    fn grow_send(&mut self, n: u32) -> Result<(), String> {
+        self.send
+            .ensure(&self.pd, n as usize, self.global_limit)
+            .map_err(|e| e.to_string())
+    }
+    fn shrink_send(&mut self, n: u32) {
+        self.send.trim(n as usize);
+    }
+    fn grow_recv(&mut self, n: u32) -> Result<(), String> {
+        self.recv
+            .ensure(&self.pd, n as usize, self.global_limit)
+            .map_err(|e| e.to_string())
     }
 }

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
-use self::wire::{Header, Hello, Kind, FLAG_CLOSE_SEEN, FLAG_LAST, HDR_LEN};
+use self::wire::{Header, Hello, Kind, FLAG_CLOSE_SEEN, FLAG_GRANT, FLAG_LAST, HDR_LEN};
 pub use crate::error::PeerMisbehaved;
 
 /// Access to the registered memory the engine reads and writes (copies only).
@@ -28,8 +28,27 @@ pub trait Buffers {
     /// never form a `&[u8]` over it: it copies through raw pointers
     /// (`docs/buffer-ownership.md`, "Note on a hostile peer").
     fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut);
-    /// Local staging buffer `i`, source of RDMA WRITEs.
+    /// Local staging buffer `i`, source of RDMA WRITEs. Only called while
+    /// the staging buffers are open ([`open_staging`](Self::open_staging)).
     fn staging(&mut self, i: u32) -> &mut [u8];
+    /// Memory on demand (§5.5): registers our rendezvous region and returns
+    /// (address of buffer 0, rkey), or why it cannot (the registered-memory
+    /// cap). Called only while the region is not registered.
+    fn open_rdv(&mut self) -> Result<(u64, u32), String>;
+    /// Deregisters our rendezvous region: the peer released it (§5.5), so
+    /// no WRITE of its can still arrive for it.
+    fn close_rdv(&mut self);
+    /// Registers the staging buffers (memory on demand, §5.5).
+    fn open_staging(&mut self) -> Result<(), String>;
+    /// Releases the staging buffers: no posted WRITE uses any of them.
+    fn close_staging(&mut self);
+    /// Makes send slots `0..n` usable (registers what is missing; §4.6).
+    fn grow_send(&mut self, n: u32) -> Result<(), String>;
+    /// Keeps send slots `0..n` only: none at or above `n` is in use.
+    fn shrink_send(&mut self, n: u32);
+    /// Makes receive slots `0..n` usable (registers what is missing; §4.6);
+    /// the engine posts them.
+    fn grow_recv(&mut self, n: u32) -> Result<(), String>;
 }
 
 /// Most a rendezvous message reserves before its data arrived (§5.3).
@@ -131,11 +150,13 @@ pub enum Imm {
     Send(u32),
 }
 
-/// Engine failures: both are fatal for the connection.
+/// Engine failures: all are fatal for the connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EngineError {
     /// The peer violated the protocol.
     Protocol(PeerMisbehaved),
+    /// Memory a message needs could not be registered (the cap).
+    Resource(String),
     /// A work completion failed.
     Completion {
         /// Raw ibv_wc_status.
@@ -148,12 +169,16 @@ pub enum EngineError {
 /// Static parameters of one connection (local config + the peer's [`Hello`]).
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// Number of local receive slots.
+    /// Number of local receive slots (the most the ring may grow to).
     pub recv_slots: u32,
+    /// Receive slots posted at first = the credits our hello grants.
+    pub initial_recv_slots: u32,
     /// Bytes per local receive slot.
     pub recv_slot_bytes: usize,
-    /// Number of local send slots.
+    /// Number of local send slots (the most the send ring may grow to).
     pub send_slots: u32,
+    /// Send slots usable at first (more are registered on demand).
+    pub initial_send_slots: u32,
     /// Bytes per local send slot.
     pub send_slot_bytes: usize,
     /// Payloads up to this size go eager (further capped by slot sizes).
@@ -162,8 +187,13 @@ pub struct EngineConfig {
     pub rdv_count: u32,
     /// Our rendezvous region: bytes per buffer.
     pub rdv_bytes: usize,
-    /// Our rendezvous region: address of buffer 0.
+    /// Our rendezvous region: address of buffer 0 (unused when `on_demand`).
     pub rdv_addr: u64,
+    /// Our hello offered memory on demand (§2.1 flags): our rendezvous
+    /// region is registered when the peer asks (§5.5) and our receive ring
+    /// grows by credit grants (§4.6). Staging buffers are opened on demand
+    /// whatever this says.
+    pub on_demand: bool,
     /// Number of local staging buffers.
     pub staging_count: u32,
     /// Bytes per staging buffer.
@@ -195,6 +225,38 @@ impl EngineConfig {
     pub fn sq_depth(&self) -> u32 {
         self.send_slots + self.staging_count + 1
     }
+}
+
+/// Our rendezvous region (§5.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LocalRdv {
+    /// Advertised in our hello, registered for the connection's life.
+    Static,
+    /// Not registered; the peer holds no grant.
+    Absent,
+    /// The peer asked (RDV_REQUEST); RDV_GRANT not sent yet.
+    GrantDue,
+    /// Registered and granted.
+    Granted,
+    /// RDV_REVOKE queued or sent; the peer still holds the region until
+    /// its RDV_RELEASE.
+    Revoking { sent: bool },
+}
+
+/// The peer's rendezvous region as this sender knows it (§5.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PeerRdv {
+    /// Advertised in its hello.
+    Static,
+    /// None held; a rendezvous message sends RDV_REQUEST first.
+    Absent,
+    /// RDV_REQUEST sent, waiting for RDV_GRANT.
+    Requested,
+    /// Granted: `peer_rdv_addr` / `peer_rdv_rkey` are valid.
+    Granted,
+    /// RDV_REVOKE received: no new message starts; RDV_RELEASE goes out
+    /// once every buffer is back.
+    ReleaseDue,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -265,6 +327,20 @@ pub struct Engine {
     chunk: usize,
     // --- send side (§4.2, §5.2, §7) ---
     credits: u32,
+    /// The peer's current credit limit for us (its hello's credits, raised
+    /// by grants, §4.6).
+    credit_limit: u32,
+    /// Send slots usable now (`0..send_active`, §4.6).
+    send_active: u32,
+    /// Send slots the ring may still grow to (lowered when registering fails).
+    send_max: u32,
+    /// Staging buffers registered (§5.5).
+    staging_open: bool,
+    /// A chunk was written since the last idle tick.
+    staging_used: bool,
+    peer_rdv: PeerRdv,
+    peer_rdv_addr: u64,
+    peer_rdv_rkey: u32,
     free_send: VecDeque<u32>,
     free_staging: VecDeque<u32>,
     records: VecDeque<(u64, Option<Held>)>,
@@ -277,6 +353,17 @@ pub struct Engine {
     close_sent: bool,
     // --- receive side (§4.3, §5.3) ---
     recv_gen: Vec<u32>,
+    /// Receive slots posted (`0..recv_active`) = the peer's credit limit.
+    recv_active: u32,
+    /// The ring may still grow to this (lowered when registering fails).
+    recv_max: u32,
+    /// A credit grant (§4.6) to send: the new limit.
+    grant_due: bool,
+    local_rdv: LocalRdv,
+    /// Address of our region's buffer 0 while registered.
+    rdv_addr: u64,
+    /// A chunk landed since the last idle tick.
+    rdv_used: bool,
     owed_total: u32,
     owed_data: u32,
     rdv_owed: u32,
@@ -308,26 +395,59 @@ impl Engine {
         cfg.peer.validate().map_err(EngineError::Protocol)?;
         let eager_max = cfg.eager_max();
         let chunk = cfg.chunk_bytes();
+        let on_demand_peer = cfg.peer.flags & wire::HELLO_FLAG_ON_DEMAND != 0;
+        let initial_recv = cfg.initial_recv_slots.clamp(1, cfg.recv_slots);
+        let initial_send = cfg.initial_send_slots.clamp(4.min(cfg.send_slots), cfg.send_slots);
         let mut e = Engine {
             eager_max,
             chunk,
             credits: cfg.peer.credits,
-            free_send: (0..cfg.send_slots).collect(),
+            credit_limit: cfg.peer.credits,
+            send_active: initial_send,
+            send_max: cfg.send_slots,
+            staging_open: false,
+            staging_used: false,
+            peer_rdv: if on_demand_peer {
+                PeerRdv::Absent
+            } else {
+                PeerRdv::Static
+            },
+            peer_rdv_addr: cfg.peer.rdv_addr,
+            peer_rdv_rkey: cfg.peer.rdv_rkey,
+            free_send: (0..initial_send).collect(),
             free_staging: (0..cfg.staging_count).collect(),
             records: VecDeque::new(),
             next_seq: 0,
             unsignaled_run: 0,
             peer_rdv_next: 0,
-            peer_rdv_avail: cfg.peer.rdv_count,
+            peer_rdv_avail: if on_demand_peer {
+                0
+            } else {
+                cfg.peer.rdv_count
+            },
             pending: VecDeque::new(),
             pending_bytes: 0,
             close_sent: false,
             recv_gen: vec![0; cfg.recv_slots as usize],
+            recv_active: if cfg.on_demand {
+                initial_recv
+            } else {
+                cfg.recv_slots
+            },
+            recv_max: cfg.recv_slots,
+            grant_due: false,
+            local_rdv: if cfg.on_demand {
+                LocalRdv::Absent
+            } else {
+                LocalRdv::Static
+            },
+            rdv_addr: if cfg.on_demand { 0 } else { cfg.rdv_addr },
+            rdv_used: false,
             owed_total: 0,
             owed_data: 0,
             rdv_owed: 0,
             rdv_expected: 0,
-            rdv_peer_held: cfg.rdv_count,
+            rdv_peer_held: if cfg.on_demand { 0 } else { cfg.rdv_count },
             reasm: None,
             peer_closed: false,
             wait_first_recv: false,
@@ -341,7 +461,7 @@ impl Engine {
             counters: EngineCounters::default(),
             cfg,
         };
-        for slot in 0..e.cfg.recv_slots {
+        for slot in 0..e.recv_active {
             e.actions.push(Action::PostRecv {
                 slot,
                 wr_id: recv_wr_id(slot, 0),
@@ -494,7 +614,7 @@ impl Engine {
     pub fn on_completion<B: Buffers + ?Sized>(
         &mut self,
         c: Completion,
-        bufs: &B,
+        bufs: &mut B,
     ) -> Result<(), EngineError> {
         let kind = c.wr_id >> 56;
         if kind == WR_RECV {
@@ -536,10 +656,14 @@ impl Engine {
         Err(EngineError::Protocol(v))
     }
 
-    fn on_recv<B: Buffers + ?Sized>(&mut self, c: Completion, bufs: &B) -> Result<(), EngineError> {
+    fn on_recv<B: Buffers + ?Sized>(
+        &mut self,
+        c: Completion,
+        bufs: &mut B,
+    ) -> Result<(), EngineError> {
         let slot = (c.wr_id & 0xffff_ffff) as u32;
         let gen = ((c.wr_id >> 32) & 0xff_ffff) as u32;
-        if slot >= self.cfg.recv_slots || self.recv_gen[slot as usize] != gen {
+        if slot >= self.recv_active || self.recv_gen[slot as usize] != gen {
             return Self::proto(PeerMisbehaved::StaleReceive { wr_id: c.wr_id });
         }
         let len = c.byte_len as usize;
@@ -577,20 +701,41 @@ impl Engine {
             self.owed_data += 1;
             return self.repost(slot, gen);
         }
-        let data = &bufs.recv_slot(slot)[..len];
-        let h = Header::decode(data).map_err(EngineError::Protocol)?;
+        let h = Header::decode(&bufs.recv_slot(slot)[..len]).map_err(EngineError::Protocol)?;
+        // §4.6: a credit grant raises our limit first (only a CREDIT
+        // message from a peer whose hello offered memory on demand).
+        if h.flags & FLAG_GRANT != 0 {
+            if h.kind != Kind::Credit || !self.peer_on_demand() {
+                return Self::proto(PeerMisbehaved::OnDemandUnexpected {
+                    kind: h.kind.name(),
+                    why: "with the credit-grant flag, which only an on-demand peer's CREDIT may carry",
+                });
+            }
+            let limit = h.total_len;
+            if limit <= u64::from(self.credit_limit) || limit > u64::from(wire::MAX_CREDITS) {
+                return Self::proto(PeerMisbehaved::CreditGrantRange {
+                    limit,
+                    current: self.credit_limit,
+                });
+            }
+            let limit = limit as u32; // <= MAX_CREDITS
+            self.credits += limit - self.credit_limit;
+            self.credit_limit = limit;
+        }
         // §4.2: credits returned by the peer (u64: no overflow whatever it sends).
         let credits = u64::from(self.credits) + u64::from(h.credit_return);
-        if credits > u64::from(self.cfg.peer.credits) {
+        if credits > u64::from(self.credit_limit) {
             return Self::proto(PeerMisbehaved::TooManyCredits {
                 credits,
-                granted: self.cfg.peer.credits,
+                granted: self.credit_limit,
             });
         }
-        self.credits = credits as u32; // <= peer.credits, a u32
-                                       // §5.3: rendezvous buffers returned by the peer (in order).
+        self.credits = credits as u32; // <= credit_limit, a u32
+                                       // §5.3: rendezvous buffers returned by the peer (in order). None
+        // can come back while we hold no region of the peer's (§5.5).
         let avail = u64::from(self.peer_rdv_avail) + u64::from(h.rdv_return);
-        if avail > u64::from(self.cfg.peer.rdv_count) {
+        let holding = !matches!(self.peer_rdv, PeerRdv::Absent | PeerRdv::Requested);
+        if avail > u64::from(self.cfg.peer.rdv_count) || (h.rdv_return > 0 && !holding) {
             return Self::proto(PeerMisbehaved::TooManyRendezvousReturns {
                 available: avail,
                 advertised: self.cfg.peer.rdv_count,
@@ -603,7 +748,13 @@ impl Engine {
             }
             self.peer_saw_close = true;
         }
-        if self.peer_closed && h.kind != Kind::Credit {
+        // §6, §5.5: after CLOSE only messages that serve the other
+        // direction: returns, and our region's grant, revoke and release.
+        let control = matches!(
+            h.kind,
+            Kind::Credit | Kind::RdvGrant | Kind::RdvRevoke | Kind::RdvRelease
+        );
+        if self.peer_closed && !control {
             return Self::proto(PeerMisbehaved::AfterClose {
                 kind: h.kind.name(),
             });
@@ -621,7 +772,7 @@ impl Engine {
                         carried: len - HDR_LEN,
                     });
                 }
-                let msg = Bytes::copy_from_slice(&data[HDR_LEN..]);
+                let msg = Bytes::copy_from_slice(&bufs.recv_slot(slot)[HDR_LEN..len]);
                 self.counters.msgs_recv += 1;
                 self.counters.bytes_recv += msg.len() as u64;
                 self.events.push_back(Event::Message(msg));
@@ -632,6 +783,77 @@ impl Engine {
                 self.owed_data += 1;
             }
             Kind::Credit => {}
+            Kind::RdvRequest => {
+                // §5.5: the peer holds no region of ours and wants one.
+                if self.local_rdv != LocalRdv::Absent {
+                    return Self::proto(PeerMisbehaved::OnDemandUnexpected {
+                        kind: h.kind.name(),
+                        why: if self.local_rdv == LocalRdv::Static {
+                            "though our region is advertised in the hello"
+                        } else {
+                            "while a region of ours is granted or being granted"
+                        },
+                    });
+                }
+                self.local_rdv = LocalRdv::GrantDue;
+                self.owed_data += 1;
+            }
+            Kind::RdvGrant => {
+                if self.peer_rdv != PeerRdv::Requested {
+                    return Self::proto(PeerMisbehaved::OnDemandUnexpected {
+                        kind: h.kind.name(),
+                        why: "that we did not request",
+                    });
+                }
+                // Same shape as the hello's (count × bytes, validated
+                // there); only the address must not wrap (§2.2).
+                let len = u64::from(self.cfg.peer.rdv_count) * u64::from(self.cfg.peer.rdv_bytes);
+                if h.addr.checked_add(len).is_none() {
+                    return Self::proto(PeerMisbehaved::GrantRegionOverflow { addr: h.addr });
+                }
+                self.peer_rdv = PeerRdv::Granted;
+                self.peer_rdv_addr = h.addr;
+                self.peer_rdv_rkey = h.len;
+                self.peer_rdv_avail = self.cfg.peer.rdv_count;
+                self.peer_rdv_next = 0;
+                self.owed_data += 1;
+            }
+            Kind::RdvRevoke => {
+                if self.peer_rdv != PeerRdv::Granted {
+                    return Self::proto(PeerMisbehaved::OnDemandUnexpected {
+                        kind: h.kind.name(),
+                        why: "for a region it did not grant us",
+                    });
+                }
+                self.peer_rdv = PeerRdv::ReleaseDue;
+                self.owed_data += 1;
+            }
+            Kind::RdvRelease => {
+                // §5.5: only after our REVOKE, and never inside a message
+                // (the peer sends it once every buffer is back).
+                if !matches!(self.local_rdv, LocalRdv::Revoking { sent: true }) {
+                    return Self::proto(PeerMisbehaved::OnDemandUnexpected {
+                        kind: h.kind.name(),
+                        why: "without our RDV_REVOKE",
+                    });
+                }
+                if self.reasm.is_some() || self.rdv_peer_held != self.cfg.rdv_count {
+                    return Self::proto(PeerMisbehaved::OnDemandUnexpected {
+                        kind: h.kind.name(),
+                        why: "while a chunk of a message is still outstanding",
+                    });
+                }
+                // Every WRITE of the peer's into the region came before
+                // this SEND on the same QP (RC order), so none can still
+                // land: deregistering frees it (buffer-ownership.md).
+                bufs.close_rdv();
+                self.local_rdv = LocalRdv::Absent;
+                self.rdv_peer_held = 0;
+                self.rdv_expected = 0;
+                self.rdv_owed = 0;
+                self.rdv_addr = 0;
+                self.owed_data += 1;
+            }
             Kind::Close => {
                 if self.reasm.is_some() {
                     return Self::proto(PeerMisbehaved::CloseInsideRendezvous);
@@ -652,10 +874,10 @@ impl Engine {
         // §4.2: every SEND consumed a credit we granted. Slots received but
         // not yet returned can exceed the ring only if the peer sent without
         // a credit (it cannot hold credits we have not returned yet).
-        if self.owed_total >= self.cfg.recv_slots {
+        if self.owed_total >= self.recv_active {
             return Self::proto(PeerMisbehaved::SendWithoutCredit {
-                excess: self.owed_total + 1 - self.cfg.recv_slots,
-                granted: self.cfg.recv_slots,
+                excess: self.owed_total + 1 - self.recv_active,
+                granted: self.recv_active,
             });
         }
         // §4.3: repost immediately; the credit becomes returnable.
@@ -666,6 +888,15 @@ impl Engine {
             wr_id: recv_wr_id(slot, g),
         });
         self.owed_total += 1;
+        // §4.6: the peer used half its credits before we could return
+        // them: grow the ring (up to recv_slots) and grant it more.
+        if self.cfg.on_demand
+            && !self.hold_returns
+            && self.recv_active < self.recv_max
+            && self.owed_total * 2 >= self.recv_active
+        {
+            self.grant_due = true;
+        }
         Ok(())
     }
 
@@ -681,9 +912,9 @@ impl Engine {
         }
         let idx = h.rdv_index;
         self.check_chunk_buffer(idx)?;
-        // Our own region (idx < rdv_count, checked): registered memory, so
-        // the end address exists and nothing here can overflow.
-        let expect_addr = self.cfg.rdv_addr + u64::from(idx) * self.cfg.rdv_bytes as u64;
+        // Our own region (idx < rdv_count, checked, and granted, so
+        // registered): the end address exists and nothing here can overflow.
+        let expect_addr = self.rdv_addr + u64::from(idx) * self.cfg.rdv_bytes as u64;
         if h.addr != expect_addr {
             return Self::proto(PeerMisbehaved::ChunkWrongAddress {
                 index: idx,
@@ -818,6 +1049,7 @@ impl Engine {
     fn land_chunk<B: Buffers + ?Sized>(&mut self, idx: u32, clen: usize, last: bool, bufs: &B) {
         let r = self.reasm.as_mut().expect("reassembly present");
         bufs.append_rdv(idx, clen, &mut r.buf);
+        self.rdv_used = true;
         self.rdv_peer_held -= 1;
         self.rdv_expected = (idx + 1) % self.cfg.rdv_count;
         // Copied out: the buffer is ours again and can be re-advertised.
@@ -898,19 +1130,169 @@ impl Engine {
         });
     }
 
-    /// Posts whatever credits, slots and rendezvous buffers allow (§4.2, §5.2),
-    /// then an explicit credit message if one is due (§4.3).
-    pub fn progress<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
-        if self.wait_first_recv {
-            return;
+    fn peer_on_demand(&self) -> bool {
+        self.cfg.peer.flags & wire::HELLO_FLAG_ON_DEMAND != 0
+    }
+
+    /// Data (and the on-demand control messages) need 2 credits and 2 free
+    /// send slots: one of each stays reserved for credit messages so
+    /// returns can never deadlock (§4.3).
+    fn data_room(&self) -> bool {
+        self.credits >= 2 && self.free_send.len() >= 2 && self.sq_room(3)
+    }
+
+    /// The message at the front of the queue is partly sent.
+    fn mid_message(&self) -> bool {
+        matches!(self.pending.front(), Some(Outgoing::Msg { off, .. }) if *off > 0)
+    }
+
+    /// Registered bytes this engine's buffers use right now, as a count of
+    /// (receive slots, send slots, our region registered, staging open).
+    pub fn memory_in_use(&self) -> (u32, u32, bool, bool) {
+        (
+            self.recv_active,
+            self.send_active,
+            self.local_rdv != LocalRdv::Absent && self.local_rdv != LocalRdv::GrantDue,
+            self.staging_open,
+        )
+    }
+
+    /// Memory on demand (§5.5), called by the driver once per idle
+    /// interval, then [`progress`](Self::progress): what was not used
+    /// during a whole interval is given back. Our rendezvous region is
+    /// revoked (it is deregistered when the peer's RDV_RELEASE arrives),
+    /// the staging buffers are released, the send ring shrinks to its
+    /// initial size.
+    pub fn on_idle_tick<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
+        if self.local_rdv == LocalRdv::Granted
+            && !self.rdv_used
+            && self.reasm.is_none()
+            && self.rdv_owed == 0
+            && self.rdv_peer_held == self.cfg.rdv_count
+            && !self.peer_closed
+        {
+            self.local_rdv = LocalRdv::Revoking { sent: false };
         }
-        // Data needs 2 credits and 2 free send slots: one of each stays
-        // reserved for credit messages so returns can never deadlock (§4.3).
+        self.rdv_used = false;
+        if self.staging_open
+            && !self.staging_used
+            && self.free_staging.len() == self.cfg.staging_count as usize
+            && !self.mid_message()
+        {
+            // No posted WRITE uses a staging buffer (all are free).
+            bufs.close_staging();
+            self.staging_open = false;
+        }
+        self.staging_used = false;
+        let initial = self.cfg.initial_send_slots.clamp(4.min(self.cfg.send_slots), self.cfg.send_slots);
+        if self.send_active > initial
+            && self.free_send.len() == self.send_active as usize
+            && self.pending.is_empty()
+        {
+            // Every slot is free: no posted SEND covers any of them.
+            self.free_send.retain(|&i| i < initial);
+            bufs.shrink_send(initial);
+            self.send_active = initial;
+        }
+    }
+
+    /// Posts one on-demand control message (§5.5) from a send slot.
+    fn post_control<B: Buffers + ?Sized>(&mut self, bufs: &mut B, h: Header) {
+        self.post_send_slot(bufs, h, (&[], &[]), false);
+        self.counters.credit_msgs += 1;
+    }
+
+    /// Posts whatever credits, slots and rendezvous buffers allow (§4.2, §5.2),
+    /// then an explicit credit message if one is due (§4.3). Fails only if
+    /// memory a message needs cannot be registered (§5.5).
+    pub fn progress<B: Buffers + ?Sized>(&mut self, bufs: &mut B) -> Result<(), EngineError> {
+        if self.wait_first_recv {
+            return Ok(());
+        }
+        // §4.6: the send ring grows while messages wait for slots.
+        if self.free_send.len() < 2
+            && self.send_active < self.send_max
+            && self.credits >= 2
+            && !self.pending.is_empty()
+        {
+            let new = (self.send_active * 2).min(self.send_max);
+            match bufs.grow_send(new) {
+                Ok(()) => {
+                    self.free_send.extend(self.send_active..new);
+                    self.send_active = new;
+                }
+                Err(_) => self.send_max = self.send_active,
+            }
+        }
+        // §4.6: grow the receive ring and grant the peer the new credits
+        // (the receives are posted before the grant: actions keep order).
+        if self.grant_due
+            && !self.hold_returns
+            && self.credits >= 1
+            && !self.free_send.is_empty()
+            && self.sq_room(1)
+        {
+            self.grant_due = false;
+            let new = (self.recv_active * 2).min(self.recv_max);
+            match bufs.grow_recv(new) {
+                Ok(()) => {
+                    for slot in self.recv_active..new {
+                        let g = self.recv_gen[slot as usize];
+                        self.actions.push(Action::PostRecv {
+                            slot,
+                            wr_id: recv_wr_id(slot, g),
+                        });
+                    }
+                    self.recv_active = new;
+                    let mut h = Header::new(Kind::Credit);
+                    h.flags = FLAG_GRANT;
+                    h.total_len = u64::from(new);
+                    self.post_control(bufs, h);
+                }
+                // The cap: stay at this size.
+                Err(_) => self.recv_max = self.recv_active,
+            }
+        }
+        // §5.5: our region, on demand.
+        if self.local_rdv == LocalRdv::GrantDue && self.data_room() {
+            let (addr, rkey) = bufs.open_rdv().map_err(EngineError::Resource)?;
+            self.local_rdv = LocalRdv::Granted;
+            self.rdv_addr = addr;
+            self.rdv_peer_held = self.cfg.rdv_count;
+            self.rdv_expected = 0;
+            self.rdv_owed = 0;
+            self.rdv_used = true;
+            let mut h = Header::new(Kind::RdvGrant);
+            h.addr = addr;
+            h.len = rkey;
+            self.post_control(bufs, h);
+        }
+        if self.local_rdv == (LocalRdv::Revoking { sent: false }) && self.data_room() {
+            self.local_rdv = LocalRdv::Revoking { sent: true };
+            self.post_control(bufs, Header::new(Kind::RdvRevoke));
+        }
+        if self.peer_rdv == PeerRdv::ReleaseDue
+            && self.peer_rdv_avail == self.cfg.peer.rdv_count
+            && !self.mid_message()
+            && self.data_room()
+        {
+            self.peer_rdv = PeerRdv::Absent;
+            self.peer_rdv_avail = 0;
+            self.post_control(bufs, Header::new(Kind::RdvRelease));
+        }
         loop {
-            if self.credits < 2 || self.free_send.len() < 2 || !self.sq_room(3) {
+            if !self.data_room() {
                 break;
             }
-            let rdv_ready = self.peer_rdv_avail > 0 && !self.free_staging.is_empty();
+            let mid = self.mid_message();
+            let region = match self.peer_rdv {
+                PeerRdv::Static | PeerRdv::Granted => true,
+                // Revoked: finish the message under way, start none.
+                PeerRdv::ReleaseDue => mid,
+                PeerRdv::Absent | PeerRdv::Requested => false,
+            };
+            let rdv_ready = region && self.peer_rdv_avail > 0 && !self.free_staging.is_empty();
+            let need_request = self.peer_rdv == PeerRdv::Absent;
             let eager_max = self.eager_max;
             let Some(front) = self.pending.front_mut() else {
                 break;
@@ -935,12 +1317,23 @@ impl Engine {
                     self.counters.msgs_sent += 1;
                     self.counters.bytes_sent += n as u64;
                 }
+                Outgoing::Msg { .. } if need_request => {
+                    // §5.5: ask for the peer's region first.
+                    self.peer_rdv = PeerRdv::Requested;
+                    self.post_control(bufs, Header::new(Kind::RdvRequest));
+                    break;
+                }
                 Outgoing::Msg { head, body, off } => {
                     // §5.2: one chunk = WRITE into the next peer buffer +
                     // notification (a SEND, or the WRITE's immediate, §5.4).
                     if !rdv_ready {
                         break;
                     }
+                    if !self.staging_open {
+                        bufs.open_staging().map_err(EngineError::Resource)?;
+                        self.staging_open = true;
+                    }
+                    self.staging_used = true;
                     let total = head.len() + body.len();
                     let clen = self.chunk.min(total - *off);
                     let start = *off;
@@ -959,8 +1352,8 @@ impl Engine {
                     self.peer_rdv_avail -= 1;
                     // idx < peer.rdv_count and the peer's region was checked
                     // not to wrap (Hello::validate in new), so no overflow.
-                    let remote_addr = self.cfg.peer.rdv_addr
-                        + u64::from(idx) * u64::from(self.cfg.peer.rdv_bytes);
+                    let remote_addr =
+                        self.peer_rdv_addr + u64::from(idx) * u64::from(self.cfg.peer.rdv_bytes);
                     self.counters.rdv_writes += 1;
                     self.counters.rdv_bytes += clen as u64;
                     if last {
@@ -982,7 +1375,7 @@ impl Engine {
                         staging: st,
                         len: clen,
                         remote_addr,
-                        rkey: self.cfg.peer.rdv_rkey,
+                        rkey: self.peer_rdv_rkey,
                         wr_id,
                         signaled,
                         imm,
@@ -1005,19 +1398,27 @@ impl Engine {
             }
         }
         // §4.4: keepalive, a zero-length WRITE to the start of the peer's
-        // region (no data moves, no credit is used, the peer sees nothing).
-        if self.keepalive_due && self.sq_room(1) {
+        // region (no data moves, no credit is used, the peer sees nothing);
+        // while we hold no region of the peer's (§5.5), a CREDIT message.
+        let peer_region = matches!(
+            self.peer_rdv,
+            PeerRdv::Static | PeerRdv::Granted | PeerRdv::ReleaseDue
+        );
+        if self.keepalive_due && peer_region && self.sq_room(1) {
             self.keepalive_due = false;
             let (wr_id, signaled) = self.push_record(None, false);
             self.actions.push(Action::PostWrite {
                 staging: 0,
                 len: 0,
-                remote_addr: self.cfg.peer.rdv_addr,
-                rkey: self.cfg.peer.rdv_rkey,
+                remote_addr: self.peer_rdv_addr,
+                rkey: self.peer_rdv_rkey,
                 wr_id,
                 signaled,
                 imm: None,
             });
+        } else if self.keepalive_due {
+            self.keepalive_due = false;
+            self.force_credit = true;
         }
         // §4.3: explicit credit message when returns are due and no data
         // carried them. Slots consumed by credit messages alone only trigger
@@ -1026,7 +1427,7 @@ impl Engine {
         // §5.3: rendezvous buffers go back in batches while a message is
         // still arriving (half the region at a time), all at once when it
         // is complete.
-        let half = (self.cfg.recv_slots / 2).max(1);
+        let half = (self.recv_active / 2).max(1);
         let rdv_half = (self.cfg.rdv_count / 2).max(1);
         let rdv_due = self.rdv_owed >= rdv_half || (self.rdv_owed > 0 && self.reasm.is_none());
         let owed = self.owed_data >= half || self.owed_total >= half || rdv_due;
@@ -1037,6 +1438,7 @@ impl Engine {
             self.counters.credit_msgs += 1;
             self.force_credit = false;
         }
+        Ok(())
     }
 }
 

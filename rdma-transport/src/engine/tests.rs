@@ -11,6 +11,9 @@ use super::*;
 
 const RDV_BASE: u64 = 0x10_0000_0000;
 
+/// The fake registered memory: whole pools, plus what memory on demand
+/// has "registered" (§4.6, §5.5); using anything not registered panics,
+/// and what is deregistered is poisoned.
 struct Mem {
     recv: Vec<u8>,
     send: Vec<u8>,
@@ -19,22 +22,86 @@ struct Mem {
     slot: usize,
     rdv_bytes: usize,
     staging_bytes: usize,
+    recv_active: u32,
+    send_active: u32,
+    rdv_open: bool,
+    staging_open: bool,
+    rdv_opens: u32,
+    rdv_closes: u32,
+    staging_opens: u32,
+    staging_closes: u32,
+    /// open_rdv / open_staging / grow_* fail (the registered-memory cap).
+    refuse: bool,
 }
 
 impl Buffers for Mem {
     fn recv_slot(&self, i: u32) -> &[u8] {
+        assert!(i < self.recv_active, "receive slot {i} not registered");
         &self.recv[i as usize * self.slot..(i as usize + 1) * self.slot]
     }
     fn send_slot(&mut self, i: u32) -> &mut [u8] {
+        assert!(i < self.send_active, "send slot {i} not registered");
         &mut self.send[i as usize * self.slot..(i as usize + 1) * self.slot]
     }
     fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut) {
+        assert!(self.rdv_open, "read of a region that is not registered");
         assert!(len <= self.rdv_bytes);
         let off = i as usize * self.rdv_bytes;
         out.extend_from_slice(&self.rdv[off..off + len]);
     }
     fn staging(&mut self, i: u32) -> &mut [u8] {
+        assert!(self.staging_open, "staging used while not registered");
         &mut self.staging[i as usize * self.staging_bytes..(i as usize + 1) * self.staging_bytes]
+    }
+    fn open_rdv(&mut self) -> Result<(u64, u32), String> {
+        assert!(!self.rdv_open, "region registered twice");
+        if self.refuse {
+            return Err("over the cap".into());
+        }
+        self.rdv_open = true;
+        self.rdv_opens += 1;
+        Ok((RDV_BASE, 0x77))
+    }
+    fn close_rdv(&mut self) {
+        assert!(self.rdv_open, "region deregistered twice");
+        self.rdv_open = false;
+        self.rdv_closes += 1;
+        self.rdv.fill(0xEE);
+    }
+    fn open_staging(&mut self) -> Result<(), String> {
+        assert!(!self.staging_open);
+        if self.refuse {
+            return Err("over the cap".into());
+        }
+        self.staging_open = true;
+        self.staging_opens += 1;
+        Ok(())
+    }
+    fn close_staging(&mut self) {
+        assert!(self.staging_open);
+        self.staging_open = false;
+        self.staging_closes += 1;
+        self.staging.fill(0xDD);
+    }
+    fn grow_send(&mut self, n: u32) -> Result<(), String> {
+        assert!(n > self.send_active && n as usize * self.slot <= self.send.len());
+        if self.refuse {
+            return Err("over the cap".into());
+        }
+        self.send_active = n;
+        Ok(())
+    }
+    fn shrink_send(&mut self, n: u32) {
+        assert!(n < self.send_active);
+        self.send_active = n;
+    }
+    fn grow_recv(&mut self, n: u32) -> Result<(), String> {
+        assert!(n > self.recv_active && n as usize * self.slot <= self.recv.len());
+        if self.refuse {
+            return Err("over the cap".into());
+        }
+        self.recv_active = n;
+        Ok(())
     }
 }
 
@@ -49,6 +116,9 @@ struct P {
     inline: usize,
     /// Offers RDMA WRITE with immediate data (§5.4).
     imm: bool,
+    /// Memory on demand (§4.6, §5.5), with rings starting at `initial`.
+    on_demand: bool,
+    initial: u32,
 }
 
 impl P {
@@ -62,6 +132,23 @@ impl P {
             signal_every: 3,
             inline: 64,
             imm: false,
+            on_demand: false,
+            initial: 8,
+        }
+    }
+    /// Memory on demand, rings starting at 4 of 8 slots.
+    fn on_demand() -> P {
+        P {
+            on_demand: true,
+            initial: 4,
+            ..P::small()
+        }
+    }
+    fn start_slots(&self) -> u32 {
+        if self.on_demand {
+            self.initial
+        } else {
+            self.slots
         }
     }
     fn hello(&self) -> Hello {
@@ -71,13 +158,17 @@ impl P {
                 wire::HELLO_FLAG_WRITE_IMM
             } else {
                 0
+            } | if self.on_demand {
+                wire::HELLO_FLAG_ON_DEMAND
+            } else {
+                0
             },
-            credits: self.slots,
+            credits: self.start_slots(),
             recv_slot_bytes: self.slot as u32,
             rdv_count: self.rdv_count,
             rdv_bytes: self.rdv_bytes as u32,
-            rdv_addr: RDV_BASE,
-            rdv_rkey: 0x77,
+            rdv_addr: if self.on_demand { 0 } else { RDV_BASE },
+            rdv_rkey: if self.on_demand { 0 } else { 0x77 },
             max_message: 1 << 30,
         }
     }
@@ -90,13 +181,25 @@ impl P {
             slot: self.slot,
             rdv_bytes: self.rdv_bytes,
             staging_bytes: self.rdv_bytes,
+            recv_active: self.start_slots(),
+            send_active: self.start_slots(),
+            rdv_open: !self.on_demand,
+            staging_open: false,
+            rdv_opens: 0,
+            rdv_closes: 0,
+            staging_opens: 0,
+            staging_closes: 0,
+            refuse: false,
         }
     }
     fn engine(&self, peer: &P) -> Engine {
         Engine::new(EngineConfig {
             recv_slots: self.slots,
+            initial_recv_slots: self.start_slots(),
             recv_slot_bytes: self.slot,
             send_slots: self.slots,
+            initial_send_slots: self.start_slots(),
+            on_demand: self.on_demand,
             send_slot_bytes: self.slot,
             rendezvous_threshold: self.threshold,
             rdv_count: self.rdv_count,
@@ -200,9 +303,9 @@ impl Side {
     fn process(&mut self, max: usize) {
         for _ in 0..max {
             let Some(c) = self.cq.pop_front() else { break };
-            self.e.on_completion(c, &self.mem).expect("engine error");
+            self.e.on_completion(c, &mut self.mem).expect("engine error");
         }
-        self.e.progress(&mut self.mem);
+        self.e.progress(&mut self.mem).expect("progress");
         self.run_actions();
         while let Some(ev) = self.e.next_event() {
             match ev {
@@ -234,6 +337,7 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
                 .pop_front()
                 .expect("RNR: SEND with no posted receive");
             let rslot = (rwr & 0xffff_ffff) as usize;
+            assert!(rslot < to.mem.recv_active as usize, "receive into an unregistered slot");
             let src = from.mem.send_slot(slot)[..len].to_vec();
             assert!(len <= to.mem.slot, "SEND larger than receive slot");
             to.mem.recv[rslot * to.mem.slot..rslot * to.mem.slot + len].copy_from_slice(&src);
@@ -263,8 +367,12 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             signaled,
             imm,
         } => {
-            assert_eq!(rkey, 0x77);
-            let off = (addr - RDV_BASE) as usize;
+            if len > 0 {
+                // The rkey is valid only while the region is registered.
+                assert!(to.mem.rdv_open, "WRITE into a deregistered region");
+                assert_eq!(rkey, 0x77);
+            }
+            let off = addr.saturating_sub(RDV_BASE) as usize;
             assert!(off + len <= to.mem.rdv.len(), "WRITE out of bounds");
             let src = from.mem.staging(staging)[..len].to_vec();
             to.mem.rdv[off..off + len].copy_from_slice(&src);
@@ -322,7 +430,10 @@ impl Rng {
 /// SENDs in flight, plus receive completions not yet processed by `to`, plus
 /// credits `to` owes or is returning, equal `to`'s ring size. Also `to` has
 /// a receive posted for every credit `from` holds.
-fn check_credit_invariant(from: &Side, to: &Side, ring: u32) {
+fn check_credit_invariant(from: &Side, to: &Side) {
+    // §4.6: the limit `from` knows; a grant in flight adds to both ends
+    // of the identity once applied.
+    let ring = from.e.credit_limit;
     let in_wire = from
         .wire
         .iter()
@@ -397,22 +508,32 @@ fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Sid
         if b_msgs.is_empty() && !b.e.close_sent() && b.e.pending_msgs() == 0 {
             b.e.close();
         }
-        match rng.next() % 4 {
-            0 => {
+        match rng.next() % 9 {
+            0 | 4 => {
                 for _ in 0..rng.next() % 4 + 1 {
                     deliver(&mut a, &mut b);
                 }
             }
-            1 => {
+            1 | 5 => {
                 for _ in 0..rng.next() % 4 + 1 {
                     deliver(&mut b, &mut a);
                 }
             }
-            2 => a.process(rng.next() as usize % 8 + 1),
-            _ => b.process(rng.next() as usize % 8 + 1),
+            2 | 6 => a.process(rng.next() as usize % 8 + 1),
+            3 | 7 => b.process(rng.next() as usize % 8 + 1),
+            // §5.5: memory on demand gives back what went unused, at any
+            // moment (a no-op for what is not on demand).
+            _ => {
+                let s = if rng.next().is_multiple_of(2) {
+                    &mut a
+                } else {
+                    &mut b
+                };
+                s.e.on_idle_tick(&mut s.mem);
+            }
         }
-        check_credit_invariant(&a, &b, pb.slots);
-        check_credit_invariant(&b, &a, pa.slots);
+        check_credit_invariant(&a, &b);
+        check_credit_invariant(&b, &a);
         let done = a.closed
             && b.closed
             && a.wire.is_empty()
@@ -444,12 +565,21 @@ fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Sid
     );
     // Credit conservation at quiescence (§4.2): what a holds + what b owes
     // == b's receive ring.
-    assert_eq!(a.e.credits() + b.e.owed_total, pb.slots);
-    assert_eq!(b.e.credits() + a.e.owed_total, pa.slots);
-    assert_eq!(a.posted.len() as u32, pa.slots);
-    assert_eq!(b.posted.len() as u32, pb.slots);
-    assert_eq!(a.e.peer_rdv_avail + b.e.rdv_owed, pb.rdv_count);
-    assert_eq!(b.e.peer_rdv_avail + a.e.rdv_owed, pa.rdv_count);
+    assert_eq!(a.e.credits() + b.e.owed_total, b.e.recv_active);
+    assert_eq!(b.e.credits() + a.e.owed_total, a.e.recv_active);
+    assert_eq!(a.e.credit_limit, b.e.recv_active);
+    assert_eq!(b.e.credit_limit, a.e.recv_active);
+    assert_eq!(a.posted.len() as u32, a.e.recv_active);
+    assert_eq!(b.posted.len() as u32, b.e.recv_active);
+    assert!(a.e.recv_active <= pa.slots && b.e.recv_active <= pb.slots);
+    // Rendezvous buffers: all back with the sender while it holds the
+    // region; none anywhere once released (§5.5).
+    for (s, r, pr) in [(&a, &b, &pb), (&b, &a, &pa)] {
+        let held = !matches!(s.e.peer_rdv, PeerRdv::Absent | PeerRdv::Requested);
+        let want = if held { pr.rdv_count } else { 0 };
+        assert_eq!(s.e.peer_rdv_avail + r.e.rdv_owed, want);
+        assert_eq!(r.mem.rdv_open, r.e.local_rdv != LocalRdv::Absent);
+    }
     for (i, m) in b.got.iter().enumerate() {
         assert_eq!(m, &pattern(i as u64, a_msgs[i]), "a->b message {i}");
     }
@@ -729,10 +859,10 @@ fn malformed_notifications_rejected() {
             byte_len: 32,
             imm: Imm::None,
         },
-        &m,
+        &mut m,
     );
     assert_eq!(violation(r), V::UnknownKind { kind: 99 });
-    let (mut e, m, _) = receiver();
+    let (mut e, mut m, _) = receiver();
     let r = e.on_completion(
         Completion {
             wr_id: recv_wr_id(0, 0),
@@ -741,10 +871,10 @@ fn malformed_notifications_rejected() {
             byte_len: 3,
             imm: Imm::None,
         },
-        &m,
+        &mut m,
     );
     assert_eq!(violation(r), V::ShortMessage { len: 3 });
-    let (mut e, m, _) = receiver();
+    let (mut e, mut m, _) = receiver();
     let r = e.on_completion(
         Completion {
             wr_id: recv_wr_id(0, 0),
@@ -753,7 +883,7 @@ fn malformed_notifications_rejected() {
             byte_len: 257,
             imm: Imm::None,
         },
-        &m,
+        &mut m,
     );
     assert_eq!(
         violation(r),
@@ -837,7 +967,7 @@ fn malformed_notifications_rejected() {
         V::CloseInsideRendezvous
     );
     // a completion with no known wr_id kind
-    let (mut e, m, _) = receiver();
+    let (mut e, mut m, _) = receiver();
     let r = e.on_completion(
         Completion {
             wr_id: 7 << 56,
@@ -846,7 +976,7 @@ fn malformed_notifications_rejected() {
             byte_len: 0,
             imm: Imm::None,
         },
-        &m,
+        &mut m,
     );
     assert_eq!(violation(r), V::UnknownWrId { wr_id: 7 << 56 });
 }
@@ -880,7 +1010,7 @@ fn reused_rendezvous_buffer_rejected() {
     for i in 0..3u32 {
         inject(&mut e, &mut m, i, 0, chunk(i, 4096, total, false), &[]).unwrap();
     }
-    e.progress(&mut m);
+    e.progress(&mut m).unwrap();
     assert!(e
         .take_actions()
         .iter()
@@ -911,7 +1041,7 @@ fn send_without_credit_rejected() {
     for i in 0..p.slots {
         inject(&mut e, &mut m, i, 0, Header::new(Kind::Credit), &[]).unwrap();
     }
-    e.progress(&mut m);
+    e.progress(&mut m).unwrap();
     let sent = e.take_actions();
     assert!(sent.iter().any(|a| matches!(a, Action::PostSend { .. })));
     inject(&mut e, &mut m, 0, 1, Header::new(Kind::Credit), &[]).unwrap();
@@ -941,7 +1071,7 @@ fn held_returns_stop_the_peer_until_released() {
         h.len = 1;
         inject(&mut e, &mut m, i, 0, h, &[9]).unwrap();
     }
-    e.progress(&mut m);
+    e.progress(&mut m).unwrap();
     assert!(
         !e.take_actions()
             .iter()
@@ -950,7 +1080,7 @@ fn held_returns_stop_the_peer_until_released() {
     );
     // A message we send anyway carries no returns.
     e.submit(Bytes::from_static(b"hi"));
-    e.progress(&mut m);
+    e.progress(&mut m).unwrap();
     let sent: Vec<_> = e.take_actions();
     let Some(Action::PostSend { slot, .. }) =
         sent.iter().find(|a| matches!(a, Action::PostSend { .. }))
@@ -975,14 +1105,14 @@ fn held_returns_stop_the_peer_until_released() {
     for i in 0..p.slots {
         inject(&mut e, &mut m, i, 0, Header::new(Kind::Credit), &[]).unwrap();
     }
-    e.progress(&mut m);
+    e.progress(&mut m).unwrap();
     assert!(e.holding_returns());
     assert!(!e
         .take_actions()
         .iter()
         .any(|a| matches!(a, Action::PostSend { .. })));
     e.set_hold_returns(false);
-    e.progress(&mut m);
+    e.progress(&mut m).unwrap();
     let sent = e.take_actions();
     let Some(Action::PostSend { slot, .. }) =
         sent.iter().find(|a| matches!(a, Action::PostSend { .. }))
@@ -1000,7 +1130,7 @@ fn keepalive_is_a_zero_length_write_that_uses_no_credit() {
     let _initial_receives = e.take_actions();
     let credits = e.credits();
     e.keepalive();
-    e.progress(&mut m);
+    e.progress(&mut m).unwrap();
     let a = e.take_actions();
     assert!(
         matches!(
@@ -1014,7 +1144,7 @@ fn keepalive_is_a_zero_length_write_that_uses_no_credit() {
         "{a:?}"
     );
     assert_eq!(e.credits(), credits, "a keepalive uses no credit");
-    e.progress(&mut m);
+    e.progress(&mut m).unwrap();
     assert!(e.take_actions().is_empty(), "one keepalive per request");
 }
 
@@ -1042,7 +1172,7 @@ fn an_engine_refuses_a_peer_region_that_wraps_the_address_space() {
 
 #[test]
 fn failed_completion_is_error() {
-    let (mut e, m, _) = receiver();
+    let (mut e, mut m, _) = receiver();
     let r = e.on_completion(
         Completion {
             wr_id: recv_wr_id(0, 0),
@@ -1051,7 +1181,7 @@ fn failed_completion_is_error() {
             byte_len: 0,
             imm: Imm::None,
         },
-        &m,
+        &mut m,
     );
     assert_eq!(
         r,
@@ -1086,8 +1216,211 @@ proptest! {
         // §5.4: immediates only when both offer them; any mix must work.
         pa.imm = seed & 2 != 0;
         pb.imm = seed & 4 != 0;
+        // §4.6, §5.5: memory on demand on either side, or both, with
+        // idle ticks at random moments.
+        pa.on_demand = seed & 8 != 0;
+        pa.initial = 4;
+        pb.on_demand = seed & 16 != 0;
+        pb.initial = 4 + (seed >> 5) as u32 % 4;
         run_pair(pa, pb, &a_msgs, &b_msgs, seed);
     }
+}
+
+// ---- memory on demand (§4.6, §5.5) ----
+
+/// Large messages find no region, ask for one (RDV_REQUEST), get it
+/// (RDV_GRANT) and flow; idle ticks revoke and release it, and the next
+/// large message asks again. The receive ring grows under a burst.
+#[test]
+fn on_demand_region_is_granted_revoked_and_granted_again() {
+    let pa = P::on_demand();
+    let pb = P::on_demand();
+    let mut a = Side::new(&pa, &pb);
+    let mut b = Side::new(&pb, &pa);
+    assert_eq!(a.posted.len(), 4, "the ring starts at the initial size");
+    assert!(!b.mem.rdv_open && !a.mem.staging_open, "nothing registered for rendezvous yet");
+    let pump = |a: &mut Side, b: &mut Side| {
+        for _ in 0..10_000 {
+            a.process(64);
+            b.process(64);
+            let moved = deliver(a, b) | deliver(b, a);
+            check_credit_invariant(a, b);
+            check_credit_invariant(b, a);
+            if !moved && a.cq.is_empty() && b.cq.is_empty() {
+                return;
+            }
+        }
+        panic!("no quiescence");
+    };
+    for round in 0..3u64 {
+        for i in 0..6u64 {
+            a.e.submit(pattern(round * 10 + i, 9_000 + i as usize));
+        }
+        pump(&mut a, &mut b);
+        assert_eq!(b.got.len() as u64, (round + 1) * 6);
+        assert!(b.mem.rdv_open && a.mem.staging_open);
+        assert_eq!(b.mem.rdv_opens, round as u32 + 1, "one grant per round");
+        // Idle: the first tick marks the region unused since, the second
+        // revokes it; the peer releases it and it is deregistered.
+        for _ in 0..2 {
+            a.e.on_idle_tick(&mut a.mem);
+            b.e.on_idle_tick(&mut b.mem);
+            pump(&mut a, &mut b);
+        }
+        assert!(!b.mem.rdv_open, "region released after an idle interval");
+        assert!(!a.mem.staging_open, "staging released after an idle interval");
+        assert_eq!(b.mem.rdv_closes, round as u32 + 1);
+        assert_eq!(a.e.peer_rdv, PeerRdv::Absent);
+        assert_eq!(b.e.local_rdv, LocalRdv::Absent);
+    }
+    for (i, m) in b.got.iter().enumerate() {
+        let (round, k) = (i as u64 / 6, i as u64 % 6);
+        assert_eq!(m, &pattern(round * 10 + k, 9_000 + k as usize));
+    }
+    // A burst of small messages grows b's ring (and a's send ring).
+    for i in 0..40u64 {
+        a.e.submit(pattern(100 + i, 50));
+        if i % 8 == 7 {
+            a.process(64);
+            for _ in 0..8 {
+                deliver(&mut a, &mut b);
+            }
+            // b processes without answering in between: credits run low.
+            for _ in 0..8 {
+                if let Some(c) = b.cq.pop_front() {
+                    b.e.on_completion(c, &mut b.mem).unwrap();
+                }
+            }
+            b.e.progress(&mut b.mem).unwrap();
+            b.run_actions();
+        }
+    }
+    pump(&mut a, &mut b);
+    assert_eq!(b.got.len(), 18 + 40);
+    assert!(b.e.recv_active > 4, "the ring grew: {}", b.e.recv_active);
+    assert_eq!(a.e.credit_limit, b.e.recv_active, "the grant reached a");
+    assert_eq!(b.posted.len() as u32, b.e.recv_active);
+}
+
+/// §5.5 checks: each on-demand message is refused where the protocol does
+/// not allow it.
+#[test]
+fn on_demand_messages_out_of_turn_are_violations() {
+    let on = P::on_demand();
+    let stat = P::small();
+    let req = Header::new(Kind::RdvRequest);
+    let mut grant = Header::new(Kind::RdvGrant);
+    grant.addr = RDV_BASE;
+    grant.len = 0x77;
+    let revoke = Header::new(Kind::RdvRevoke);
+    let release = Header::new(Kind::RdvRelease);
+    let unexpected = |r| {
+        assert!(
+            matches!(violation(r), PeerMisbehaved::OnDemandUnexpected { .. }),
+            "expected OnDemandUnexpected"
+        )
+    };
+    // A static region (our hello advertised it): no request, no release.
+    let mut e = stat.engine(&on);
+    let mut m = stat.mem();
+    unexpected(inject(&mut e, &mut m, 0, 0, req, &[]));
+    let mut e = stat.engine(&on);
+    unexpected(inject(&mut e, &mut m, 0, 0, release, &[]));
+    // A grant or revoke we did not ask for, from a peer with a static region.
+    let mut e = on.engine(&stat);
+    let mut m = on.mem();
+    unexpected(inject(&mut e, &mut m, 0, 0, grant, &[]));
+    let mut e = on.engine(&stat);
+    unexpected(inject(&mut e, &mut m, 0, 0, revoke, &[]));
+    // On demand both ways: a grant without a request, a release without a
+    // revoke, a second request while the region is granted.
+    let mut e = on.engine(&on);
+    let mut m = on.mem();
+    unexpected(inject(&mut e, &mut m, 0, 0, grant, &[]));
+    let mut e = on.engine(&on);
+    unexpected(inject(&mut e, &mut m, 0, 0, release, &[]));
+    let mut e = on.engine(&on);
+    let mut m = on.mem();
+    inject(&mut e, &mut m, 0, 0, req, &[]).unwrap();
+    e.progress(&mut m).unwrap();
+    assert!(m.rdv_open, "granted");
+    unexpected(inject(&mut e, &mut m, 1, 0, req, &[]));
+    // A chunk into a region that was never granted.
+    let mut e = on.engine(&on);
+    let mut m = on.mem();
+    assert!(matches!(
+        violation(inject(&mut e, &mut m, 0, 0, chunk(0, 100, 100, true), &[])),
+        PeerMisbehaved::ChunkBufferNotGranted { .. }
+    ));
+    // Rendezvous returns while we hold no region of the peer's.
+    let mut e = on.engine(&on);
+    let mut h = Header::new(Kind::Credit);
+    h.rdv_return = 1;
+    assert!(matches!(
+        violation(inject(&mut e, &mut m, 0, 0, h, &[])),
+        PeerMisbehaved::TooManyRendezvousReturns { .. }
+    ));
+    // A granted region that wraps the address space.
+    let mut e = on.engine(&on);
+    e.submit(pattern(1, 9_000));
+    e.progress(&mut m).unwrap();
+    assert_eq!(e.peer_rdv, PeerRdv::Requested);
+    let mut g = grant;
+    g.addr = u64::MAX - 100;
+    assert!(matches!(
+        violation(inject(&mut e, &mut m, 0, 0, g, &[])),
+        PeerMisbehaved::GrantRegionOverflow { .. }
+    ));
+    // Credit grants: only in a CREDIT, only from an on-demand peer, only up.
+    let mut h = Header::new(Kind::Credit);
+    h.flags = wire::FLAG_GRANT;
+    h.total_len = 6;
+    let mut e = stat.engine(&stat);
+    let mut m = stat.mem();
+    unexpected(inject(&mut e, &mut m, 0, 0, h, &[]));
+    let mut e = on.engine(&on);
+    let mut m = on.mem();
+    let mut eager = Header::new(Kind::Eager);
+    eager.flags = wire::FLAG_GRANT;
+    eager.total_len = 6;
+    unexpected(inject(&mut e, &mut m, 0, 0, eager, &[]));
+    for bad in [4u64, 3, 4097] {
+        let mut e = on.engine(&on);
+        let mut g = h;
+        g.total_len = bad;
+        assert!(matches!(
+            violation(inject(&mut e, &mut m, 0, 0, g, &[])),
+            PeerMisbehaved::CreditGrantRange { .. }
+        ));
+    }
+    let mut e = on.engine(&on);
+    inject(&mut e, &mut m, 0, 0, h, &[]).unwrap();
+    assert_eq!((e.credits(), e.credit_limit), (6, 6), "a valid grant adds credits");
+}
+
+/// Registering fails at the cap: a request cannot be granted, which ends
+/// the connection with a resource error (not a protocol one); a ring that
+/// cannot grow stays as it is.
+#[test]
+fn on_demand_registration_failures() {
+    let on = P::on_demand();
+    let mut e = on.engine(&on);
+    let mut m = on.mem();
+    m.refuse = true;
+    inject(&mut e, &mut m, 0, 0, Header::new(Kind::RdvRequest), &[]).unwrap();
+    assert!(matches!(e.progress(&mut m), Err(EngineError::Resource(_))));
+    let mut e = on.engine(&on);
+    e.submit(pattern(1, 9_000));
+    e.progress(&mut m).unwrap();
+    let mut g = Header::new(Kind::RdvGrant);
+    g.addr = RDV_BASE;
+    g.len = 0x77;
+    inject(&mut e, &mut m, 0, 0, g, &[]).unwrap();
+    assert!(matches!(e.progress(&mut m), Err(EngineError::Resource(_))), "staging refused");
+    let mut e = on.engine(&on);
+    e.grant_due = true;
+    e.progress(&mut m).unwrap();
+    assert_eq!((e.recv_active, e.recv_max), (4, 4), "no growth past the cap");
 }
 
 /// §2.3 step 6: P sends nothing before A's first message, then answers it at
@@ -1202,7 +1535,7 @@ fn imm_receiver() -> (Engine, Mem, P) {
     (e, p.mem(), p)
 }
 
-fn inject_imm(e: &mut Engine, mem: &Mem, slot: u32, imm: Imm, len: u32) -> Result<(), EngineError> {
+fn inject_imm(e: &mut Engine, mem: &mut Mem, slot: u32, imm: Imm, len: u32) -> Result<(), EngineError> {
     e.on_completion(
         Completion {
             wr_id: recv_wr_id(slot, 0),
@@ -1222,35 +1555,35 @@ fn forged_immediates_rejected() {
     use wire::chunk_imm;
     use PeerMisbehaved as V;
     // Not negotiated (our hello did not offer it).
-    let (mut e, m, _) = receiver();
+    let (mut e, mut m, _) = receiver();
     let imm = chunk_imm(0, 0, true);
     assert_eq!(
-        violation(inject_imm(&mut e, &m, 0, Imm::Write(imm), 10)),
+        violation(inject_imm(&mut e, &mut m, 0, Imm::Write(imm), 10)),
         V::ImmediateNotOffered { imm }
     );
     // A SEND with immediate data.
-    let (mut e, m, _) = imm_receiver();
+    let (mut e, mut m, _) = imm_receiver();
     assert_eq!(
-        violation(inject_imm(&mut e, &m, 0, Imm::Send(7), 32)),
+        violation(inject_imm(&mut e, &mut m, 0, Imm::Send(7), 32)),
         V::ImmediateOnSend { imm: 7 }
     );
     // An index outside the region, and one not next in round-robin order.
-    let (mut e, m, _) = imm_receiver();
+    let (mut e, mut m, _) = imm_receiver();
     assert_eq!(
         violation(inject_imm(
             &mut e,
-            &m,
+            &mut m,
             0,
             Imm::Write(chunk_imm(3, 0, true)),
             10
         )),
         V::ChunkUnknownBuffer { index: 3, count: 3 }
     );
-    let (mut e, m, _) = imm_receiver();
+    let (mut e, mut m, _) = imm_receiver();
     assert_eq!(
         violation(inject_imm(
             &mut e,
-            &m,
+            &mut m,
             0,
             Imm::Write(chunk_imm(1, 0, true)),
             10
@@ -1263,11 +1596,11 @@ fn forged_immediates_rejected() {
     );
     // Zero bytes, or more than a buffer (a WRITE can place more than a slot).
     for len in [0, 4097] {
-        let (mut e, m, _) = imm_receiver();
+        let (mut e, mut m, _) = imm_receiver();
         assert_eq!(
             violation(inject_imm(
                 &mut e,
-                &m,
+                &mut m,
                 0,
                 Imm::Write(chunk_imm(0, 0, true)),
                 len
@@ -1276,21 +1609,21 @@ fn forged_immediates_rejected() {
         );
     }
     // LAST disagreeing with "chunks that follow".
-    let (mut e, m, _) = imm_receiver();
+    let (mut e, mut m, _) = imm_receiver();
     let bad = chunk_imm(0, 0, false);
     assert_eq!(
-        violation(inject_imm(&mut e, &m, 0, Imm::Write(bad), 10)),
+        violation(inject_imm(&mut e, &mut m, 0, Imm::Write(bad), 10)),
         V::ImmediateMalformed { imm: bad }
     );
     // A buffer claimed again before we returned it (all 3 consumed).
-    let (mut e, m, _) = imm_receiver();
+    let (mut e, mut m, _) = imm_receiver();
     for i in 0..3u32 {
-        inject_imm(&mut e, &m, i, Imm::Write(chunk_imm(i, 5, false)), 4096).unwrap();
+        inject_imm(&mut e, &mut m, i, Imm::Write(chunk_imm(i, 5, false)), 4096).unwrap();
     }
     assert_eq!(
         violation(inject_imm(
             &mut e,
-            &m,
+            &mut m,
             3,
             Imm::Write(chunk_imm(0, 4, false)),
             4096
@@ -1303,7 +1636,7 @@ fn forged_immediates_rejected() {
     );
     // Mixing notification kinds inside one message, both ways.
     let (mut e, mut m, _) = imm_receiver();
-    inject_imm(&mut e, &m, 0, Imm::Write(chunk_imm(0, 1, false)), 4096).unwrap();
+    inject_imm(&mut e, &mut m, 0, Imm::Write(chunk_imm(0, 1, false)), 4096).unwrap();
     assert_eq!(
         violation(inject(&mut e, &mut m, 1, 0, chunk(1, 10, 4106, true), &[])),
         V::ChunkNotificationMixed
@@ -1313,7 +1646,7 @@ fn forged_immediates_rejected() {
     assert_eq!(
         violation(inject_imm(
             &mut e,
-            &m,
+            &mut m,
             1,
             Imm::Write(chunk_imm(1, 0, true)),
             10
@@ -1322,7 +1655,7 @@ fn forged_immediates_rejected() {
     );
     // An EAGER inside an immediate-notified message.
     let (mut e, mut m, _) = imm_receiver();
-    inject_imm(&mut e, &m, 0, Imm::Write(chunk_imm(0, 1, false)), 4096).unwrap();
+    inject_imm(&mut e, &mut m, 0, Imm::Write(chunk_imm(0, 1, false)), 4096).unwrap();
     let mut h = Header::new(Kind::Eager);
     h.len = 1;
     assert_eq!(
@@ -1330,10 +1663,10 @@ fn forged_immediates_rejected() {
         V::EagerInsideRendezvous
     );
     // A hint of 0x7fff chunks to follow reserves at most REASSEMBLY_RESERVE.
-    let (mut e, m, _) = imm_receiver();
+    let (mut e, mut m, _) = imm_receiver();
     inject_imm(
         &mut e,
-        &m,
+        &mut m,
         0,
         Imm::Write(chunk_imm(0, 1 << 20, false)),
         4096,
@@ -1343,6 +1676,6 @@ fn forged_immediates_rejected() {
     // A valid immediate chunk delivers the bytes of the buffer it names.
     let (mut e, mut m, _) = imm_receiver();
     m.rdv[..3].copy_from_slice(b"abc");
-    inject_imm(&mut e, &m, 0, Imm::Write(chunk_imm(0, 0, true)), 3).unwrap();
+    inject_imm(&mut e, &mut m, 0, Imm::Write(chunk_imm(0, 0, true)), 3).unwrap();
     assert!(matches!(e.next_event(), Some(Event::Message(b)) if &b[..] == b"abc"));
 }

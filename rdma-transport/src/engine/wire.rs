@@ -25,6 +25,16 @@ pub enum Kind {
     Credit = 3,
     /// Sender half closed: no more messages follow (§6).
     Close = 4,
+    /// "Advertise your rendezvous region": a rendezvous message is waiting
+    /// and the peer's region is advertised on demand (§5.5).
+    RdvRequest = 5,
+    /// The rendezvous region, advertised on demand (§5.5): `addr` is the
+    /// address of buffer 0, `len` the rkey; count and size are the hello's.
+    RdvGrant = 6,
+    /// "Give the region back when nothing is in flight" (§5.5).
+    RdvRevoke = 7,
+    /// The region granted last is no longer used: it may be deregistered (§5.5).
+    RdvRelease = 8,
 }
 
 impl Kind {
@@ -34,6 +44,10 @@ impl Kind {
             2 => Kind::Chunk,
             3 => Kind::Credit,
             4 => Kind::Close,
+            5 => Kind::RdvRequest,
+            6 => Kind::RdvGrant,
+            7 => Kind::RdvRevoke,
+            8 => Kind::RdvRelease,
             _ => return None,
         })
     }
@@ -45,6 +59,10 @@ impl Kind {
             Kind::Chunk => "CHUNK",
             Kind::Credit => "CREDIT",
             Kind::Close => "CLOSE",
+            Kind::RdvRequest => "RDV_REQUEST",
+            Kind::RdvGrant => "RDV_GRANT",
+            Kind::RdvRevoke => "RDV_REVOKE",
+            Kind::RdvRelease => "RDV_RELEASE",
         }
     }
 }
@@ -53,13 +71,23 @@ impl Kind {
 pub const FLAG_LAST: u8 = 1;
 /// Flag bit: the sender has received our CLOSE, hence all our messages (§6).
 pub const FLAG_CLOSE_SEEN: u8 = 2;
+/// Flag bit of a CREDIT message: `total_len` is the new credit limit of the
+/// receiver of this message, above the previous one (§4.6).
+pub const FLAG_GRANT: u8 = 4;
 
 /// Hello flag bit: the sender accepts chunk notifications by RDMA WRITE
 /// with immediate data, and sends them that way if the peer does too (§2.1,
 /// §5.4). Set on InfiniBand/RoCE devices; iWARP has no immediate data.
 pub const HELLO_FLAG_WRITE_IMM: u16 = 1;
+/// Hello flag bit: memory on demand (§2.1, §4.6, §5.5). The sender of the
+/// hello registers its rendezvous region only when the peer asks for it
+/// (RDV_REQUEST / RDV_GRANT, given back with RDV_REVOKE / RDV_RELEASE when
+/// idle; `rdv_addr` and `rdv_rkey` of the hello are then 0), and may raise
+/// the peer's credit limit above the hello's `credits` with a CREDIT
+/// message carrying [`FLAG_GRANT`] (§4.6).
+pub const HELLO_FLAG_ON_DEMAND: u16 = 2;
 /// Every hello flag this version knows; any other bit is refused.
-pub const HELLO_FLAGS_KNOWN: u16 = HELLO_FLAG_WRITE_IMM;
+pub const HELLO_FLAGS_KNOWN: u16 = HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND;
 
 /// Immediate data bit of the last chunk of a message (§5.4).
 pub const IMM_LAST: u32 = 1 << 31;
@@ -361,8 +389,8 @@ mod tests {
         };
         type Case = (fn(&mut Hello), PeerMisbehaved);
         let cases: [Case; 10] = [
-            (|h| h.flags = 2, range("flags", 2, 0, 1)),
-            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 1)),
+            (|h| h.flags = 4, range("flags", 4, 0, 3)),
+            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 3)),
             (|h| h.credits = 3, range("credits", 3, 4, 4096)),
             (|h| h.credits = 4097, range("credits", 4097, 4, 4096)),
             (
