@@ -10,10 +10,15 @@
 //! Immediate data (§5.4) is negotiated when the input says so, and the peer
 //! forges WRITE-with-immediate and SEND-with-immediate completions with any
 //! immediate and length; messages are submitted whole or as gathers.
+//! Memory on demand (§4.6, §5.5) is on for either side when the input says
+//! so: then WRITEs must stay inside the region the peer *granted* (whatever
+//! the forged RDV_GRANT said, as long as the engine accepted it), nothing is
+//! read from a region or staging buffer that is not registered, and idle
+//! ticks come at any moment.
 #![no_main]
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use rdma_transport::engine::wire::{Hello, VERSION};
+use rdma_transport::engine::wire::{Hello, HELLO_FLAG_ON_DEMAND, VERSION};
 use rdma_transport::engine::{
     sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, Imm,
 };
@@ -32,16 +37,23 @@ struct Mem {
     send: Vec<u8>,
     rdv: Vec<u8>,
     staging: Vec<u8>,
+    recv_active: u32,
+    send_active: u32,
+    rdv_open: bool,
+    staging_open: bool,
 }
 
 impl Buffers for Mem {
     fn recv_slot(&self, i: u32) -> &[u8] {
+        assert!(i < self.recv_active, "receive slot {i} not registered");
         &self.recv[i as usize * SLOT..(i as usize + 1) * SLOT]
     }
     fn send_slot(&mut self, i: u32) -> &mut [u8] {
+        assert!(i < self.send_active, "send slot {i} not registered");
         &mut self.send[i as usize * SLOT..(i as usize + 1) * SLOT]
     }
     fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut) {
+        assert!(self.rdv_open, "read from a region that is not registered");
         assert!(
             len <= RDV_BYTES,
             "copy of {len} bytes from a rendezvous buffer"
@@ -50,7 +62,40 @@ impl Buffers for Mem {
         out.extend_from_slice(&self.rdv[off..off + len]);
     }
     fn staging(&mut self, i: u32) -> &mut [u8] {
+        assert!(self.staging_open, "staging used while not registered");
         &mut self.staging[i as usize * RDV_BYTES..(i as usize + 1) * RDV_BYTES]
+    }
+    fn open_rdv(&mut self) -> Result<(u64, u32), String> {
+        assert!(!self.rdv_open, "region registered twice");
+        self.rdv_open = true;
+        Ok((0x1000_0000, 0x99))
+    }
+    fn close_rdv(&mut self) {
+        assert!(self.rdv_open, "region deregistered twice");
+        self.rdv_open = false;
+    }
+    fn open_staging(&mut self) -> Result<(), String> {
+        assert!(!self.staging_open, "staging registered twice");
+        self.staging_open = true;
+        Ok(())
+    }
+    fn close_staging(&mut self) {
+        assert!(self.staging_open, "staging released twice");
+        self.staging_open = false;
+    }
+    fn grow_send(&mut self, n: u32) -> Result<(), String> {
+        assert!(n > self.send_active && n <= SLOTS, "send ring grows to {n}");
+        self.send_active = n;
+        Ok(())
+    }
+    fn shrink_send(&mut self, n: u32) {
+        assert!(n < self.send_active, "send ring shrinks to {n}");
+        self.send_active = n;
+    }
+    fn grow_recv(&mut self, n: u32) -> Result<(), String> {
+        assert!(n > self.recv_active && n <= SLOTS, "receive ring grows to {n}");
+        self.recv_active = n;
+        Ok(())
     }
 }
 
@@ -75,18 +120,34 @@ impl Input<'_> {
     }
 }
 
-/// Checks every action against the local and the advertised bounds.
-fn drain(e: &mut Engine, peer: &Hello, posted: &mut VecDeque<u64>, sq: &mut VecDeque<u64>) {
+/// Checks every action against the local and the advertised (or granted)
+/// bounds.
+fn drain(
+    e: &mut Engine,
+    peer: &Hello,
+    mem: &Mem,
+    posted: &mut VecDeque<u64>,
+    sq: &mut VecDeque<u64>,
+) {
+    // The region WRITEs may target: the one the engine holds now (the
+    // hello's, or the granted one); none at all while it holds none.
+    let region = e.peer_region();
     for a in e.take_actions() {
         match a {
             Action::PostRecv { slot, wr_id } => {
-                assert!(slot < SLOTS, "receive slot {slot} out of range");
+                assert!(
+                    slot < mem.recv_active,
+                    "receive slot {slot} out of range"
+                );
                 posted.push_back(wr_id);
             }
             Action::PostSend {
                 slot, len, wr_id, ..
             } => {
-                assert!(slot < SLOTS && len <= SLOT, "send slot {slot} len {len}");
+                assert!(
+                    slot < mem.send_active && len <= SLOT,
+                    "send slot {slot} len {len}"
+                );
                 sq.push_back(wr_id);
             }
             Action::PostWrite {
@@ -101,16 +162,17 @@ fn drain(e: &mut Engine, peer: &Hello, posted: &mut VecDeque<u64>, sq: &mut VecD
                     staging < RDV_COUNT && len <= RDV_BYTES,
                     "staging {staging} len {len}"
                 );
+                assert!(len == 0 || mem.staging_open, "WRITE from unregistered staging");
+                let (base, key) = region.expect("a WRITE while holding no peer region");
                 assert_eq!(
-                    rkey, peer.rdv_rkey,
+                    rkey, key,
                     "WRITE with an rkey the peer never advertised"
                 );
-                let end = peer
-                    .rdv_addr
+                let end = base
                     .checked_add(u64::from(peer.rdv_count) * u64::from(peer.rdv_bytes))
-                    .expect("an accepted hello's region does not wrap");
+                    .expect("an accepted region does not wrap");
                 assert!(
-                    remote_addr >= peer.rdv_addr
+                    remote_addr >= base
                         && remote_addr
                             .checked_add(len as u64)
                             .is_some_and(|e| e <= end),
@@ -133,7 +195,10 @@ fn drain(e: &mut Engine, peer: &Hello, posted: &mut VecDeque<u64>, sq: &mut VecD
 
 fuzz_target!(|data: &[u8]| {
     let mut input = Input(data);
-    let write_imm = input.byte().unwrap_or(0) & 1 == 1;
+    let first = input.byte().unwrap_or(0);
+    let write_imm = first & 1 == 1;
+    let on_demand = first & 2 != 0;
+    let peer_on_demand = first & 4 != 0;
     let mut peer = Hello {
         version: VERSION,
         flags: 0,
@@ -145,6 +210,11 @@ fuzz_target!(|data: &[u8]| {
         rdv_rkey: PEER_RKEY,
         max_message: MAX_MESSAGE as u64,
     };
+    if peer_on_demand {
+        peer.flags = HELLO_FLAG_ON_DEMAND;
+        peer.rdv_addr = 0;
+        peer.rdv_rkey = 0;
+    }
     if input.byte().unwrap_or(0) & 1 == 1 {
         // A hello with fuzzed fields (magic and version right, so that the
         // range and overflow checks are what decides).
@@ -152,7 +222,6 @@ fuzz_target!(|data: &[u8]| {
         let t = input.take(b.len() - 8);
         b[8..8 + t.len()].copy_from_slice(t);
         peer = Hello {
-            flags: 0,
             credits: u32::from_le_bytes(b[8..12].try_into().unwrap()),
             recv_slot_bytes: u32::from_le_bytes(b[12..16].try_into().unwrap()),
             rdv_count: u32::from_le_bytes(b[16..20].try_into().unwrap()),
@@ -167,7 +236,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(d) = &decoded {
             assert_eq!(d, &peer, "decode(encode(h)) == h");
         } else {
-            let r = Engine::new(engine_config(peer, write_imm));
+            let r = Engine::new(engine_config(peer, write_imm, on_demand));
             assert!(
                 r.is_err(),
                 "Engine::new accepted a hello decode refuses: {peer:?}"
@@ -175,7 +244,7 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     }
-    let Ok(mut e) = Engine::new(engine_config(peer, write_imm)) else {
+    let Ok(mut e) = Engine::new(engine_config(peer, write_imm, on_demand)) else {
         panic!("Engine::new refused a hello decode accepts: {peer:?}");
     };
     let mut mem = Mem {
@@ -183,11 +252,15 @@ fuzz_target!(|data: &[u8]| {
         send: vec![0; SLOTS as usize * SLOT],
         rdv: vec![0; RDV_COUNT as usize * RDV_BYTES],
         staging: vec![0; RDV_COUNT as usize * RDV_BYTES],
+        recv_active: if on_demand { INITIAL } else { SLOTS },
+        send_active: if on_demand { INITIAL } else { SLOTS },
+        rdv_open: !on_demand,
+        staging_open: false,
     };
     let mut posted = VecDeque::new();
     let mut sq = VecDeque::new();
     let mut seq = 0u64;
-    drain(&mut e, &peer, &mut posted, &mut sq);
+    drain(&mut e, &peer, &mem, &mut posted, &mut sq);
     run(
         &mut e,
         &peer,
@@ -199,11 +272,18 @@ fuzz_target!(|data: &[u8]| {
     );
 });
 
-fn engine_config(peer: Hello, write_imm: bool) -> EngineConfig {
+/// Ring size at the start with memory on demand.
+const INITIAL: u32 = 4;
+
+fn engine_config(peer: Hello, write_imm: bool, on_demand: bool) -> EngineConfig {
+    let initial = if on_demand { INITIAL } else { SLOTS };
     EngineConfig {
         recv_slots: SLOTS,
+        initial_recv_slots: initial,
         recv_slot_bytes: SLOT,
         send_slots: SLOTS,
+        initial_send_slots: initial,
+        on_demand,
         send_slot_bytes: SLOT,
         rendezvous_threshold: 128,
         rdv_count: RDV_COUNT,
@@ -229,7 +309,7 @@ fn run(
     seq: &mut u64,
 ) {
     while let Some(op) = input.byte() {
-        let r = match op % 6 {
+        let r = match op % 7 {
             // The peer SENDs: arbitrary bytes land in the next posted receive.
             0 => {
                 let Some(wr_id) = posted.pop_front() else {
@@ -250,8 +330,9 @@ fn run(
                     mem,
                 )
             }
-            // The peer RDMA-WRITEs arbitrary bytes into our rendezvous region.
-            1 => {
+            // The peer RDMA-WRITEs arbitrary bytes into our rendezvous
+            // region (its rkey is valid only while it is registered).
+            1 if mem.rdv_open => {
                 let off = input.byte().unwrap_or(0) as usize * 64 % mem.rdv.len();
                 let bytes = input.take(64).to_vec();
                 let n = bytes.len().min(mem.rdv.len() - off);
@@ -325,6 +406,11 @@ fn run(
                     mem,
                 )
             }
+            // Memory on demand: an idle interval ends.
+            6 => {
+                e.on_idle_tick(mem);
+                Ok(())
+            }
             // A send-queue completion for a sequence number never posted.
             _ => {
                 *seq = seq.wrapping_add(input.u64() % 1000);
@@ -343,7 +429,10 @@ fn run(
         if r.is_err() {
             return; // the connection is closed with a protocol or completion error
         }
-        e.progress(mem);
-        drain(e, peer, posted, sq);
+        let p = e.progress(mem);
+        drain(e, peer, mem, posted, sq);
+        if p.is_err() {
+            return; // memory could not be registered: the connection ends
+        }
     }
 }

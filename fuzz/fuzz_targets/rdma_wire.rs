@@ -8,7 +8,7 @@ use rdma_transport::engine::wire::{Header, Hello, HELLO_FLAGS_KNOWN};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(h) = Hello::decode(data) {
-        // Only the flags this version knows (§2.1: bit 0, WRITE_IMM).
+        // Only the flags this version knows (§2.1: bit 0 WRITE_IMM, bit 1 ON_DEMAND).
         assert_eq!(h.flags & !HELLO_FLAGS_KNOWN, 0);
         assert!((4..=4096).contains(&h.credits));
         assert!((48..=1 << 24).contains(&h.recv_slot_bytes));

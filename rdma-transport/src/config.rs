@@ -52,7 +52,8 @@ pub struct Config {
     /// Receive buffers posted when the connection starts = the peer's
     /// initial credits, with memory on demand; the ring doubles (up to
     /// `recv_slots`) when the peer uses half its credits before they could
-    /// be returned (§4.6). Default 16. Range 4..=`recv_slots`.
+    /// be returned (§4.6). Default 16, at least 4; above `recv_slots` it
+    /// means `recv_slots`.
     pub initial_recv_slots: u32,
     /// Bytes per receive (and send) slot, 32-byte header included.
     /// Default 8192. Minimum 64.
@@ -61,7 +62,8 @@ pub struct Config {
     pub send_slots: u32,
     /// Send slots registered when the connection starts, with memory on
     /// demand; the ring doubles (up to `send_slots`) while messages wait for
-    /// a slot, and shrinks back when idle. Default 16. Range 4..=`send_slots`.
+    /// a slot, and shrinks back when idle. Default 16, at least 4; above
+    /// `send_slots` it means `send_slots`.
     pub initial_send_slots: u32,
     /// Memory on demand (`docs/wire-protocol-rdma.md` §4.6, §5.5): rings
     /// that start small and grow, a rendezvous region registered when the
@@ -193,11 +195,8 @@ impl Config {
         if !(4..=16384).contains(&self.send_slots) {
             return bad("send_slots must be in 4..=16384");
         }
-        if !(4..=self.recv_slots).contains(&self.initial_recv_slots) {
-            return bad("initial_recv_slots must be in 4..=recv_slots");
-        }
-        if !(4..=self.send_slots).contains(&self.initial_send_slots) {
-            return bad("initial_send_slots must be in 4..=send_slots");
+        if self.initial_recv_slots < 4 || self.initial_send_slots < 4 {
+            return bad("initial_recv_slots and initial_send_slots must be >= 4");
         }
         if self.rendezvous_buffer_bytes < 4096 || self.rendezvous_buffer_bytes > (1 << 30) {
             return bad("rendezvous_buffer_bytes must be in 4096..=1 GiB");
@@ -226,7 +225,7 @@ impl Config {
     /// Receive slots posted at the start (the hello's credits).
     pub(crate) fn recv_slots_at_start(&self) -> u32 {
         if self.memory_on_demand {
-            self.initial_recv_slots
+            self.initial_recv_slots.min(self.recv_slots)
         } else {
             self.recv_slots
         }
@@ -235,7 +234,7 @@ impl Config {
     /// Send slots registered at the start.
     pub(crate) fn send_slots_at_start(&self) -> u32 {
         if self.memory_on_demand {
-            self.initial_send_slots
+            self.initial_send_slots.min(self.send_slots)
         } else {
             self.send_slots
         }

@@ -1628,8 +1628,7 @@ impl Driver {
             }
             let cmds = self.cmd_open;
             let keepalive = !self.cfg.keepalive.is_zero();
-            let idle_release =
-                self.cfg.memory_on_demand && !self.cfg.memory_idle_release.is_zero();
+            let idle_release = self.cfg.memory_on_demand && !self.cfg.memory_idle_release.is_zero();
             if self.setup_kick.is_some()
                 && self.with_engine(|e| e.heard_from_peer()).unwrap_or(true)
             {

@@ -457,7 +457,10 @@ impl Buffers for ConnMemory {
     fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut) {
         let s = self.sz.rdv_bytes;
         assert!(len <= s, "copy of {len} bytes from a {s}-byte buffer");
-        let rdv = self.rdv.as_ref().expect("a chunk lands in a registered region");
+        let rdv = self
+            .rdv
+            .as_ref()
+            .expect("a chunk lands in a registered region");
         rdv.append_to(i as usize * s, len, out)
     }
     fn staging(&mut self, i: u32) -> &mut [u8] {

@@ -24,6 +24,19 @@ use common::{device_ip, iwarp, pattern};
 
 mod listener;
 
+/// The listener's configuration in these tests: its rendezvous region is
+/// advertised in the hello and registered for the connection's life
+/// (`memory_on_demand: false`), so a raw peer can forge chunks into it
+/// right away. With memory on demand (the default) the same checks apply
+/// once a region is granted; `on_demand_region_is_never_writable_ungranted`
+/// covers the region that was not.
+fn static_cfg() -> Config {
+    Config {
+        memory_on_demand: false,
+        ..Config::default()
+    }
+}
+
 /// How each connection the listener accepted ended.
 #[derive(Debug, Clone)]
 enum Outcome {
@@ -176,7 +189,7 @@ impl EchoServer {
     /// A well-behaved client on its own connection: small and rendezvous
     /// messages come back intact.
     async fn others_still_work(&self, case: &str) {
-        let c = connect(self.addr, &Config::default())
+        let c = connect(self.addr, &static_cfg())
             .await
             .unwrap_or_else(|e| panic!("{case}: a good client cannot connect: {e}"));
         let (mut tx, mut rx) = c.split();
@@ -198,7 +211,7 @@ impl Drop for EchoServer {
 
 /// A raw connection that already sent the active side's first message (§2.3).
 async fn raw(server: &EchoServer, edit: impl FnOnce(&mut Hello)) -> (RawPeer, SocketAddr) {
-    let mut p = RawPeer::connect(server.addr, &Config::default(), edit)
+    let mut p = RawPeer::connect(server.addr, &static_cfg(), edit)
         .await
         .expect("raw peer connects");
     let me = p.local_addr().expect("raw peer address");
@@ -293,7 +306,7 @@ async fn sending_without_credit_closes_the_connection() {
         return;
     };
     within(120, "send without credit", async {
-        let server = EchoServer::start(ip, Config::default()).await;
+        let server = EchoServer::start(ip, static_cfg()).await;
         // We advertise only 4 credits and never return any, so the listener
         // can return its receive credits at most 4 times; then we keep
         // sending as if we had credits (§4.2).
@@ -371,7 +384,7 @@ async fn forged_rendezvous_notifications_close_the_connection() {
             // Each case on its own listener and its own connection: nothing
             // a previous case left behind (state, or an outcome recorded for
             // a reused address and port) can decide this one.
-            let server = EchoServer::start(ip, Config::default()).await;
+            let server = EchoServer::start(ip, static_cfg()).await;
             let (mut p, me) = raw(&server, |_| {}).await;
             let h = p.peer_hello();
             let n = h.rdv_count;
@@ -529,7 +542,7 @@ async fn forged_immediates_close_the_connection() {
         ];
         let mut last = None;
         for (i, case) in cases.into_iter().enumerate() {
-            let server = EchoServer::start(ip, Config::default()).await;
+            let server = EchoServer::start(ip, static_cfg()).await;
             let (mut p, me) = raw(&server, |h| {
                 if i == 0 {
                     h.flags = 0;
@@ -624,7 +637,7 @@ async fn the_nic_refuses_writes_outside_the_advertised_region() {
         return;
     };
     within(120, "writes outside the region", async {
-        let server = EchoServer::start(ip, Config::default()).await;
+        let server = EchoServer::start(ip, static_cfg()).await;
         let cases = ["straddling the end", "just before the start", "forged rkey"];
         let mut peers = vec![];
         for case in cases {
@@ -650,13 +663,48 @@ async fn the_nic_refuses_writes_outside_the_advertised_region() {
     .await;
 }
 
+/// Memory on demand (§5.5): a listener that advertised no region has none
+/// a peer can write. A CHUNK naming a buffer before any grant is a
+/// violation; a WRITE with the hello's zero address and rkey is refused by
+/// the NIC; the echo service keeps working for everyone else, and for
+/// large messages (REQUEST, GRANT, then rendezvous).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_demand_region_is_never_writable_ungranted() {
+    let Some(ip) = device_ip("on_demand_region_is_never_writable_ungranted") else {
+        return;
+    };
+    within(120, "ungranted region", async {
+        let server = EchoServer::start(ip, Config::default()).await;
+        let (mut p, me) = raw(&server, |_| {}).await;
+        let h = p.peer_hello();
+        assert_ne!(h.flags & wire::HELLO_FLAG_ON_DEMAND, 0, "on demand by default");
+        assert_eq!((h.rdv_addr, h.rdv_rkey), (0, 0), "no region in the hello");
+        let st = p
+            .send_header(Kind::Chunk, chunk(&h, 0, 100, 100, true))
+            .await
+            .unwrap();
+        assert!(st.ok(), "{st:?}");
+        server
+            .expect_violation(me, "chunk before any grant", |v| {
+                matches!(v, PeerMisbehaved::ChunkBufferNotGranted { .. })
+            })
+            .await;
+        let (mut p, me) = raw(&server, |_| {}).await;
+        let st = p.write(&[0xEE; 16], 0, 0).await.unwrap();
+        println!("WRITE to the zero address and rkey of an on-demand hello: {}", st.text);
+        expect_refused(&server, &mut p, me, &st, "write without a grant").await;
+        server.others_still_work("ungranted region").await;
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rkeys_work_only_on_their_own_live_connection() {
     let Some(ip) = device_ip("rkeys_work_only_on_their_own_live_connection") else {
         return;
     };
     within(120, "rkey isolation", async {
-        let server = EchoServer::start(ip, Config::default()).await;
+        let server = EchoServer::start(ip, static_cfg()).await;
         // A: the victim. It learns its region (address + rkey) from the
         // listener; the attacker is assumed to know them too. A puts a
         // message into its buffer 0 but does not announce it yet.
@@ -721,7 +769,7 @@ async fn a_peer_that_never_returns_credits_gets_no_more_sends() {
         return;
     };
     within(120, "credit starvation", async {
-        let server = EchoServer::start(ip, Config::default()).await;
+        let server = EchoServer::start(ip, static_cfg()).await;
         let credits = 4u16;
         let (mut p, me) = raw(&server, |h| h.credits = credits as u32).await;
         // 20 eager messages, returning none of the listener's credits.
@@ -783,9 +831,9 @@ async fn a_lying_hello_is_refused_or_fails_only_that_connection() {
         return;
     };
     within(120, "lying hello", async {
-        let server = EchoServer::start(ip, Config::default()).await;
+        let server = EchoServer::start(ip, static_cfg()).await;
         // An out-of-range hello is refused at connect time (§2.2).
-        let r = RawPeer::connect(server.addr, &Config::default(), |h| h.credits = 1_000_000).await;
+        let r = RawPeer::connect(server.addr, &static_cfg(), |h| h.credits = 1_000_000).await;
         let e = r.expect_err("a hello claiming 10^6 credits must be refused");
         println!("hello with 10^6 credits: {e}");
         assert!(matches!(e, Error::Rejected { .. }), "{e:?}");
@@ -866,7 +914,7 @@ async fn a_silently_dead_peer_is_found_by_keepalive() {
         // on each goes silent at the same moment.
         let with = |ka| Config {
             keepalive: ka,
-            ..Config::default()
+            ..static_cfg()
         };
         let server = EchoServer::start(ip, with(Duration::from_millis(500))).await;
         let control = EchoServer::start(ip, with(Duration::ZERO)).await;

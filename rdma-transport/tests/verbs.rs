@@ -578,12 +578,14 @@ async fn the_registered_memory_cap_refuses_connections_cleanly() {
         return;
     };
     tokio::time::timeout(Duration::from_secs(60), async {
-        // Each connection registers ~5 MiB per side (both sides are in this
-        // process). The listener's cap leaves room for one connection only.
+        // Each connection registers ~5 MiB per side up front without
+        // memory on demand (both sides are in this process). The listener's
+        // cap leaves room for one connection only.
         let base = rdma_transport::registered_bytes();
         let per_side = 5 << 20;
         let server_cfg = Config {
             global_max_registered_bytes: base + 3 * per_side,
+            memory_on_demand: false,
             ..Config::default()
         };
         let mut l = Listener::bind(SocketAddr::new(ip, 0), server_cfg)
@@ -599,7 +601,10 @@ async fn the_registered_memory_cap_refuses_connections_cleanly() {
                 }
             }
         });
-        let cfg = Config::default();
+        let cfg = Config {
+            memory_on_demand: false,
+            ..Config::default()
+        };
         let first = connect(addr, &cfg).await.expect("first connection fits");
         let server_first = res_rx.recv().await.unwrap().expect("accepted");
         println!(
@@ -640,6 +645,85 @@ async fn the_registered_memory_cap_refuses_connections_cleanly() {
             "a new connection fits once the first closed"
         );
         acceptor.abort();
+    })
+    .await
+    .expect("timeout");
+}
+
+/// Memory on demand (wire §4.6, §5.5): an idle connection registers its
+/// initial rings only (256 KiB per side with the defaults); a large message
+/// registers the receiver's rendezvous region and the sender's staging
+/// buffers; an idle interval later both are released; the next large
+/// message gets them again; closing frees everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_on_demand_follows_traffic() {
+    let Some(ip) = device_ip("memory_on_demand_follows_traffic") else {
+        return;
+    };
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let cfg = Config {
+            memory_idle_release: Duration::from_secs(1),
+            ..Config::default()
+        };
+        let d = Config::default();
+        let idle_per_side = (d.initial_recv_slots + d.initial_send_slots) as usize * d.recv_slot_bytes;
+        let region = d.rendezvous_buffers as usize * d.rendezvous_buffer_bytes;
+        let base = rdma_transport::registered_bytes();
+        let (c, s) = pair(ip, &cfg).await;
+        let idle = rdma_transport::registered_bytes() - base;
+        println!(
+            "idle connection: {} KiB registered for both sides ({} KiB per side expected)",
+            idle >> 10,
+            idle_per_side >> 10
+        );
+        assert_eq!(idle, 2 * idle_per_side, "an idle connection holds its initial rings only");
+        let (mut ctx, mut crx) = c.split();
+        let (mut stx, mut srx) = s.split();
+        let mut peak = 0;
+        for round in 0..2u64 {
+            let m = pattern(round, 1 << 20);
+            ctx.send(m.clone()).await.unwrap();
+            peak = peak.max(rdma_transport::registered_bytes() - base);
+            assert!(srx.recv().await.unwrap().unwrap() == m, "1 MiB intact");
+            let busy = rdma_transport::registered_bytes() - base;
+            peak = peak.max(busy);
+            assert!(
+                busy >= idle + 2 * region,
+                "round {round}: the receiver's region and the sender's staging are registered ({} KiB)",
+                busy >> 10
+            );
+            // Small messages keep working while the large ones' memory goes.
+            stx.send(Bytes::from_static(b"ping")).await.unwrap();
+            assert_eq!(&crx.recv().await.unwrap().unwrap()[..], b"ping");
+            let t = Instant::now();
+            let released = loop {
+                let now = rdma_transport::registered_bytes() - base;
+                if now + 2 * region <= busy {
+                    break now;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "round {round}: still {} KiB registered after 10 s idle",
+                    now >> 10
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            };
+            println!(
+                "round {round}: 1 MiB sent with {} KiB registered; {} KiB {:.1} s after it",
+                busy >> 10,
+                released >> 10,
+                t.elapsed().as_secs_f64()
+            );
+        }
+        println!("peak {} KiB", peak >> 10);
+        drop((ctx, crx, stx, srx));
+        for _ in 0..200 {
+            if rdma_transport::registered_bytes() <= base {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(rdma_transport::registered_bytes(), base, "everything freed at close");
     })
     .await
     .expect("timeout");

@@ -397,7 +397,9 @@ impl Engine {
         let chunk = cfg.chunk_bytes();
         let on_demand_peer = cfg.peer.flags & wire::HELLO_FLAG_ON_DEMAND != 0;
         let initial_recv = cfg.initial_recv_slots.clamp(1, cfg.recv_slots);
-        let initial_send = cfg.initial_send_slots.clamp(4.min(cfg.send_slots), cfg.send_slots);
+        let initial_send = cfg
+            .initial_send_slots
+            .clamp(4.min(cfg.send_slots), cfg.send_slots);
         let mut e = Engine {
             eager_max,
             chunk,
@@ -732,7 +734,7 @@ impl Engine {
         }
         self.credits = credits as u32; // <= credit_limit, a u32
                                        // §5.3: rendezvous buffers returned by the peer (in order). None
-        // can come back while we hold no region of the peer's (§5.5).
+                                       // can come back while we hold no region of the peer's (§5.5).
         let avail = u64::from(self.peer_rdv_avail) + u64::from(h.rdv_return);
         let holding = !matches!(self.peer_rdv, PeerRdv::Absent | PeerRdv::Requested);
         if avail > u64::from(self.cfg.peer.rdv_count) || (h.rdv_return > 0 && !holding) {
@@ -1157,6 +1159,17 @@ impl Engine {
         )
     }
 
+    /// The peer's rendezvous region this engine may WRITE into now
+    /// (address of buffer 0, rkey): the hello's, or the one granted on
+    /// demand (§5.5); `None` while it holds none.
+    pub fn peer_region(&self) -> Option<(u64, u32)> {
+        matches!(
+            self.peer_rdv,
+            PeerRdv::Static | PeerRdv::Granted | PeerRdv::ReleaseDue
+        )
+        .then_some((self.peer_rdv_addr, self.peer_rdv_rkey))
+    }
+
     /// Memory on demand (§5.5), called by the driver once per idle
     /// interval, then [`progress`](Self::progress): what was not used
     /// during a whole interval is given back. Our rendezvous region is
@@ -1184,7 +1197,10 @@ impl Engine {
             self.staging_open = false;
         }
         self.staging_used = false;
-        let initial = self.cfg.initial_send_slots.clamp(4.min(self.cfg.send_slots), self.cfg.send_slots);
+        let initial = self
+            .cfg
+            .initial_send_slots
+            .clamp(4.min(self.cfg.send_slots), self.cfg.send_slots);
         if self.send_active > initial
             && self.free_send.len() == self.send_active as usize
             && self.pending.is_empty()

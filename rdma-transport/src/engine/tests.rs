@@ -303,7 +303,9 @@ impl Side {
     fn process(&mut self, max: usize) {
         for _ in 0..max {
             let Some(c) = self.cq.pop_front() else { break };
-            self.e.on_completion(c, &mut self.mem).expect("engine error");
+            self.e
+                .on_completion(c, &mut self.mem)
+                .expect("engine error");
         }
         self.e.progress(&mut self.mem).expect("progress");
         self.run_actions();
@@ -337,7 +339,10 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
                 .pop_front()
                 .expect("RNR: SEND with no posted receive");
             let rslot = (rwr & 0xffff_ffff) as usize;
-            assert!(rslot < to.mem.recv_active as usize, "receive into an unregistered slot");
+            assert!(
+                rslot < to.mem.recv_active as usize,
+                "receive into an unregistered slot"
+            );
             let src = from.mem.send_slot(slot)[..len].to_vec();
             assert!(len <= to.mem.slot, "SEND larger than receive slot");
             to.mem.recv[rslot * to.mem.slot..rslot * to.mem.slot + len].copy_from_slice(&src);
@@ -1238,7 +1243,10 @@ fn on_demand_region_is_granted_revoked_and_granted_again() {
     let mut a = Side::new(&pa, &pb);
     let mut b = Side::new(&pb, &pa);
     assert_eq!(a.posted.len(), 4, "the ring starts at the initial size");
-    assert!(!b.mem.rdv_open && !a.mem.staging_open, "nothing registered for rendezvous yet");
+    assert!(
+        !b.mem.rdv_open && !a.mem.staging_open,
+        "nothing registered for rendezvous yet"
+    );
     let pump = |a: &mut Side, b: &mut Side| {
         for _ in 0..10_000 {
             a.process(64);
@@ -1268,7 +1276,10 @@ fn on_demand_region_is_granted_revoked_and_granted_again() {
             pump(&mut a, &mut b);
         }
         assert!(!b.mem.rdv_open, "region released after an idle interval");
-        assert!(!a.mem.staging_open, "staging released after an idle interval");
+        assert!(
+            !a.mem.staging_open,
+            "staging released after an idle interval"
+        );
         assert_eq!(b.mem.rdv_closes, round as u32 + 1);
         assert_eq!(a.e.peer_rdv, PeerRdv::Absent);
         assert_eq!(b.e.local_rdv, LocalRdv::Absent);
@@ -1395,7 +1406,11 @@ fn on_demand_messages_out_of_turn_are_violations() {
     }
     let mut e = on.engine(&on);
     inject(&mut e, &mut m, 0, 0, h, &[]).unwrap();
-    assert_eq!((e.credits(), e.credit_limit), (6, 6), "a valid grant adds credits");
+    assert_eq!(
+        (e.credits(), e.credit_limit),
+        (6, 6),
+        "a valid grant adds credits"
+    );
 }
 
 /// Registering fails at the cap: a request cannot be granted, which ends
@@ -1416,11 +1431,18 @@ fn on_demand_registration_failures() {
     g.addr = RDV_BASE;
     g.len = 0x77;
     inject(&mut e, &mut m, 0, 0, g, &[]).unwrap();
-    assert!(matches!(e.progress(&mut m), Err(EngineError::Resource(_))), "staging refused");
+    assert!(
+        matches!(e.progress(&mut m), Err(EngineError::Resource(_))),
+        "staging refused"
+    );
     let mut e = on.engine(&on);
     e.grant_due = true;
     e.progress(&mut m).unwrap();
-    assert_eq!((e.recv_active, e.recv_max), (4, 4), "no growth past the cap");
+    assert_eq!(
+        (e.recv_active, e.recv_max),
+        (4, 4),
+        "no growth past the cap"
+    );
 }
 
 /// §2.3 step 6: P sends nothing before A's first message, then answers it at
@@ -1535,7 +1557,13 @@ fn imm_receiver() -> (Engine, Mem, P) {
     (e, p.mem(), p)
 }
 
-fn inject_imm(e: &mut Engine, mem: &mut Mem, slot: u32, imm: Imm, len: u32) -> Result<(), EngineError> {
+fn inject_imm(
+    e: &mut Engine,
+    mem: &mut Mem,
+    slot: u32,
+    imm: Imm,
+    len: u32,
+) -> Result<(), EngineError> {
     e.on_completion(
         Completion {
             wr_id: recv_wr_id(slot, 0),

@@ -288,6 +288,8 @@ async fn one_address_cannot_take_every_connection() {
             Config {
                 max_connections_per_address: usize::MAX,
                 global_max_registered_bytes: cap(base),
+                // 5 MiB per connection up front, as the cap above assumes.
+                memory_on_demand: false,
                 ..Config::default()
             },
         )
@@ -324,6 +326,7 @@ async fn one_address_cannot_take_every_connection() {
             Config {
                 max_connections_per_address: 12,
                 global_max_registered_bytes: cap(base),
+                memory_on_demand: false,
                 ..Config::default()
             },
         )
