@@ -1628,7 +1628,12 @@ impl Driver {
             }
             let cmds = self.cmd_open;
             let keepalive = !self.cfg.keepalive.is_zero();
-            let idle_release = self.cfg.memory_on_demand && !self.cfg.memory_idle_release.is_zero();
+            // Memory on demand (§5.5): the idle timer runs only while there
+            // is something to give back, so an idle connection holding its
+            // initial rings only is never woken for it.
+            let idle_release = self.cfg.memory_on_demand
+                && !self.cfg.memory_idle_release.is_zero()
+                && self.with_engine(|e| e.has_releasable()).unwrap_or(false);
             if self.setup_kick.is_some()
                 && self.with_engine(|e| e.heard_from_peer()).unwrap_or(true)
             {

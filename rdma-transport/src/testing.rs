@@ -196,6 +196,11 @@ impl RawPeer {
             });
         }
         self.settle()?;
+        self.hs
+            .res
+            .mem
+            .open_staging()
+            .map_err(Error::ResourceLimit)?;
         self.hs.res.mem.staging(0)[..data.len()].copy_from_slice(data);
         let wr_id = sq_wr_id(self.next_seq);
         self.next_seq += 1;

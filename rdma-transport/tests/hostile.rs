@@ -677,7 +677,11 @@ async fn on_demand_region_is_never_writable_ungranted() {
         let server = EchoServer::start(ip, Config::default()).await;
         let (mut p, me) = raw(&server, |_| {}).await;
         let h = p.peer_hello();
-        assert_ne!(h.flags & wire::HELLO_FLAG_ON_DEMAND, 0, "on demand by default");
+        assert_ne!(
+            h.flags & wire::HELLO_FLAG_ON_DEMAND,
+            0,
+            "on demand by default"
+        );
         assert_eq!((h.rdv_addr, h.rdv_rkey), (0, 0), "no region in the hello");
         let st = p
             .send_header(Kind::Chunk, chunk(&h, 0, 100, 100, true))
@@ -691,7 +695,10 @@ async fn on_demand_region_is_never_writable_ungranted() {
             .await;
         let (mut p, me) = raw(&server, |_| {}).await;
         let st = p.write(&[0xEE; 16], 0, 0).await.unwrap();
-        println!("WRITE to the zero address and rkey of an on-demand hello: {}", st.text);
+        println!(
+            "WRITE to the zero address and rkey of an on-demand hello: {}",
+            st.text
+        );
         expect_refused(&server, &mut p, me, &st, "write without a grant").await;
         server.others_still_work("ungranted region").await;
     })

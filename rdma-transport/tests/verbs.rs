@@ -578,13 +578,17 @@ async fn the_registered_memory_cap_refuses_connections_cleanly() {
         return;
     };
     tokio::time::timeout(Duration::from_secs(60), async {
-        // Each connection registers ~5 MiB per side up front without
-        // memory on demand (both sides are in this process). The listener's
-        // cap leaves room for one connection only.
+        // Without memory on demand each side registers its rings and its
+        // rendezvous region up front: 3 MiB with the defaults (both sides
+        // are in this process; staging comes when a side sends a large
+        // message). The listener's cap leaves room for one connection and
+        // the client's staging, not for a second connection.
         let base = rdma_transport::registered_bytes();
-        let per_side = 5 << 20;
+        let d = Config::default();
+        let per_side = (d.recv_slots + d.send_slots) as usize * d.recv_slot_bytes
+            + d.rendezvous_buffers as usize * d.rendezvous_buffer_bytes;
         let server_cfg = Config {
-            global_max_registered_bytes: base + 3 * per_side,
+            global_max_registered_bytes: base + 3 * per_side - (64 << 10),
             memory_on_demand: false,
             ..Config::default()
         };

@@ -47,6 +47,9 @@ fn to_io(e: rdma_transport::Error) -> io::Error {
         E::Protocol(_) => io::ErrorKind::InvalidData,
         E::MessageTooLarge { .. } => io::ErrorKind::InvalidInput,
         E::Timeout { .. } => io::ErrorKind::TimedOut,
+        // Registered memory over `global_max_registered_bytes` (memory on
+        // demand could not register a region): RESOURCE_EXHAUSTED.
+        E::ResourceLimit(_) => io::ErrorKind::OutOfMemory,
         _ => io::ErrorKind::Other,
     };
     io::Error::new(kind, e)

@@ -150,12 +150,22 @@ fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 }
 
 fn io_status(what: &str, info: &ConnInfo, e: &io::Error) -> Status {
-    Status::unavailable(format!(
-        "{what} {} connection to {}: {e}",
-        info.transport,
-        info.peer
-            .map_or_else(|| "peer".to_string(), |p| p.to_string())
-    ))
+    // A transport out of registered memory (its cap) is RESOURCE_EXHAUSTED,
+    // anything else that ends a connection UNAVAILABLE.
+    let code = if e.kind() == io::ErrorKind::OutOfMemory {
+        tonic::Code::ResourceExhausted
+    } else {
+        tonic::Code::Unavailable
+    };
+    Status::new(
+        code,
+        format!(
+            "{what} {} connection to {}: {e}",
+            info.transport,
+            info.peer
+                .map_or_else(|| "peer".to_string(), |p| p.to_string())
+        ),
+    )
 }
 
 /// Handshake (§1.1): both sides send HELLO first, then wait for the peer's.

@@ -221,6 +221,12 @@ impl EngineConfig {
     pub fn chunk_bytes(&self) -> usize {
         self.staging_bytes.min(self.peer.rdv_bytes as usize)
     }
+    /// Send slots usable at first (`initial_send_slots`, at least 4 unless
+    /// the ring is smaller, at most `send_slots`).
+    pub fn initial_send(&self) -> u32 {
+        self.initial_send_slots
+            .clamp(4.min(self.send_slots), self.send_slots)
+    }
     /// Send-queue depth the QP needs.
     pub fn sq_depth(&self) -> u32 {
         self.send_slots + self.staging_count + 1
@@ -397,9 +403,7 @@ impl Engine {
         let chunk = cfg.chunk_bytes();
         let on_demand_peer = cfg.peer.flags & wire::HELLO_FLAG_ON_DEMAND != 0;
         let initial_recv = cfg.initial_recv_slots.clamp(1, cfg.recv_slots);
-        let initial_send = cfg
-            .initial_send_slots
-            .clamp(4.min(cfg.send_slots), cfg.send_slots);
+        let initial_send = cfg.initial_send();
         let mut e = Engine {
             eager_max,
             chunk,
@@ -1170,6 +1174,15 @@ impl Engine {
         .then_some((self.peer_rdv_addr, self.peer_rdv_rkey))
     }
 
+    /// Whether [`on_idle_tick`](Self::on_idle_tick) could give anything
+    /// back (a granted region, open staging buffers, a grown send ring): an
+    /// idle connection that holds only its initial rings needs no timer.
+    pub fn has_releasable(&self) -> bool {
+        self.local_rdv == LocalRdv::Granted
+            || self.staging_open
+            || self.send_active > self.cfg.initial_send()
+    }
+
     /// Memory on demand (§5.5), called by the driver once per idle
     /// interval, then [`progress`](Self::progress): what was not used
     /// during a whole interval is given back. Our rendezvous region is
@@ -1197,10 +1210,7 @@ impl Engine {
             self.staging_open = false;
         }
         self.staging_used = false;
-        let initial = self
-            .cfg
-            .initial_send_slots
-            .clamp(4.min(self.cfg.send_slots), self.cfg.send_slots);
+        let initial = self.cfg.initial_send();
         if self.send_active > initial
             && self.free_send.len() == self.send_active as usize
             && self.pending.is_empty()

@@ -273,10 +273,15 @@ async fn one_address_cannot_take_every_connection() {
     };
     let transport = "RoCE (rxe)";
     within(300, name, async {
-        // Room for 24 listener-side connections (5 MiB each) under the
-        // process-wide cap, and at most 12 from one address.
-        let per_conn = 5 << 20;
-        let cap = |base: usize| base + 24 * per_conn + (2 << 20);
+        // Room for 24 listener-side connections under the process-wide
+        // cap, and at most 12 from one address. The listener registers
+        // its rings and its region up front (`memory_on_demand: false`,
+        // below): 3 MiB per connection (staging only when it sends large
+        // messages).
+        let d = Config::default();
+        let per_conn = (d.recv_slots + d.send_slots) as usize * d.recv_slot_bytes
+            + d.rendezvous_buffers as usize * d.rendezvous_buffer_bytes;
+        let cap = |base: usize| base + 24 * per_conn + (1 << 20);
         let good_cfg = Config::default();
 
         // Control: the same without a per-address limit. The flood takes
