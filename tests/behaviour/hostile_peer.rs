@@ -357,12 +357,13 @@ async fn data_beyond_the_window_closes_the_connection(over: Over) {
     let mut p = h.raw_peer().await;
     let window = p.server_hello.initial_window as usize;
     p.send(open(1)).await;
-    let chunk = vec![0u8; 1 << 20];
-    let mut sent = 0;
-    while sent <= window {
-        p.send(frame::encode_data(1, &chunk, false)).await;
-        sent += chunk.len();
-    }
+    // One DATA frame one byte larger than the window: whatever the server
+    // has consumed, it has granted no more than `window` for this call yet.
+    // (A run of 1 MiB frames raced with the server's own WINDOW_UPDATEs: a
+    // server that had already consumed and re-granted the first frames
+    // when the last one arrived rightly found it within the window.)
+    let sent = window + 1;
+    p.send(frame::encode_data(1, &vec![0u8; sent], false)).await;
     let (frames, closed) = p.frames_until_close(Duration::from_secs(5)).await;
     assert!(
         closed,
@@ -558,7 +559,26 @@ async fn an_oversized_rdma_message_closes_the_connection() {
         let sh = p.peer_hello();
         assert_eq!(sh.max_message, rpc_core::MAX_RDMA_FRAME as u64);
         assert!(p.send_header(Kind::Credit, |_| {}).await.unwrap().ok());
-        let st = p.write(&[7; 4096], sh.rdv_addr, sh.rdv_rkey).await.unwrap();
+        // Memory on demand (wire-protocol-rdma §5.5): ask for the region as
+        // an honest sender does, then abuse it.
+        let (rdv_addr, rdv_rkey) =
+            if sh.flags & rdma_transport::engine::wire::HELLO_FLAG_ON_DEMAND != 0 {
+                assert!(p.send_header(Kind::RdvRequest, |_| {}).await.unwrap().ok());
+                loop {
+                    let m = p
+                        .recv(Duration::from_secs(10))
+                        .await
+                        .unwrap()
+                        .expect("the server grants its region");
+                    let g = rdma_transport::engine::wire::Header::decode(&m).unwrap();
+                    if g.kind == Kind::RdvGrant {
+                        break (g.addr, g.len);
+                    }
+                }
+            } else {
+                (sh.rdv_addr, sh.rdv_rkey)
+            };
+        let st = p.write(&[7; 4096], rdv_addr, rdv_rkey).await.unwrap();
         assert!(st.ok(), "{st:?}");
         let total = rpc_core::MAX_RDMA_FRAME as u64 + 1;
         let _ = p
@@ -566,7 +586,7 @@ async fn an_oversized_rdma_message_closes_the_connection() {
                 c.rdv_index = 0;
                 c.len = 4096;
                 c.total_len = total;
-                c.addr = sh.rdv_addr;
+                c.addr = rdv_addr;
             })
             .await
             .unwrap();

@@ -1152,17 +1152,6 @@ impl Engine {
         matches!(self.pending.front(), Some(Outgoing::Msg { off, .. }) if *off > 0)
     }
 
-    /// Registered bytes this engine's buffers use right now, as a count of
-    /// (receive slots, send slots, our region registered, staging open).
-    pub fn memory_in_use(&self) -> (u32, u32, bool, bool) {
-        (
-            self.recv_active,
-            self.send_active,
-            self.local_rdv != LocalRdv::Absent && self.local_rdv != LocalRdv::GrantDue,
-            self.staging_open,
-        )
-    }
-
     /// The peer's rendezvous region this engine may WRITE into now
     /// (address of buffer 0, rkey): the hello's, or the one granted on
     /// demand (§5.5); `None` while it holds none.

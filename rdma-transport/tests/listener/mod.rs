@@ -205,8 +205,10 @@ fn second_ip(ip: IpAddr) -> Option<IpAddr> {
 }
 
 /// Opens up to `n` connections to `addr` from the default source address
-/// (8 attempts in flight), keeping every one that is accepted. Stops at the
-/// first refusal by the listener (`Rejected`) when `stop_at_refusal`.
+/// (8 attempts in flight), keeping every one that is accepted. Starts no
+/// new attempt after the first refusal by the listener (`Rejected`) when
+/// `stop_at_refusal`, but lets those in flight finish and keeps them:
+/// dropping them would free their listener-side memory again.
 async fn flood(
     addr: SocketAddr,
     n: usize,
@@ -222,7 +224,10 @@ async fn flood(
         ..Config::default()
     };
     let t = Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let go = stop.clone();
     let mut attempts = futures::stream::iter(0..n)
+        .take_while(move |_| futures::future::ready(!go.load(std::sync::atomic::Ordering::Relaxed)))
         .map(|_| {
             let cfg = cfg.clone();
             async move { connect(addr, &cfg).await }
@@ -236,7 +241,7 @@ async fn flood(
                 let by_listener = matches!(e, Error::Rejected { .. });
                 refused.push(e);
                 if stop_at_refusal && by_listener {
-                    break;
+                    stop.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             }
         }
