@@ -189,12 +189,21 @@ struct Args {
     /// data is available (to measure what the immediate saves).
     #[arg(long)]
     no_write_imm: bool,
+    /// RDMA path: register every pool up front, as before memory on demand
+    /// (`rdma_transport::Config::memory_on_demand: false`), to measure what
+    /// starting small costs.
+    #[arg(long)]
+    no_memory_on_demand: bool,
 }
 
 impl Args {
     /// The RDMA transport settings of both ends, when an option changes them.
     fn rdma_config(&self) -> Option<rdma_transport::Config> {
-        if self.rdv_bytes.is_none() && self.rdv_buffers.is_none() && !self.no_write_imm {
+        if self.rdv_bytes.is_none()
+            && self.rdv_buffers.is_none()
+            && !self.no_write_imm
+            && !self.no_memory_on_demand
+        {
             return None;
         }
         let d = rdma_transport::Config::default();
@@ -204,6 +213,7 @@ impl Args {
             rendezvous_buffer_bytes: self.rdv_bytes.unwrap_or(d.rendezvous_buffer_bytes),
             rendezvous_buffers: self.rdv_buffers.unwrap_or(d.rendezvous_buffers),
             write_with_imm: !self.no_write_imm,
+            memory_on_demand: !self.no_memory_on_demand,
             ..d
         })
     }
