@@ -584,7 +584,9 @@ impl Engine {
     /// (still in flight, or received but not yet acknowledged): a measure
     /// of how busy the connection is.
     pub fn unreturned_credits(&self) -> u32 {
-        self.cfg.peer.credits.saturating_sub(self.credits)
+        // The current limit, not the hello's: after a credit grant (§4.6)
+        // the hello's figure would read "all returned" while many are not.
+        self.credit_limit.saturating_sub(self.credits)
     }
 
     /// Current send credits (test/diagnostics).

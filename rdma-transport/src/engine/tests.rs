@@ -1411,6 +1411,14 @@ fn on_demand_messages_out_of_turn_are_violations() {
         (6, 6),
         "a valid grant adds credits"
     );
+    // Unreturned credits count against the granted limit, not the hello's
+    // (SendHalf::try_send_parts posts at once only while nearly all are
+    // back: counted against the hello's 4, 5 unreturned of 6 read as 0,
+    // and every frame went out on its own, unbatched).
+    assert_eq!(e.unreturned_credits(), 0);
+    e.submit(pattern(1, 10));
+    e.progress(&mut m).unwrap();
+    assert_eq!((e.credits(), e.unreturned_credits()), (5, 1));
 }
 
 /// Registering fails at the cap: a request cannot be granted, which ends
