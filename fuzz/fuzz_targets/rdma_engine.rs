@@ -163,7 +163,15 @@ fn drain(
                     "staging {staging} len {len}"
                 );
                 assert!(len == 0 || mem.staging_open, "WRITE from unregistered staging");
-                let (base, key) = region.expect("a WRITE while holding no peer region");
+                let Some((base, key)) = region else {
+                    // A keepalive (§4.4): zero bytes, address and rkey 0.
+                    assert!(
+                        len == 0 && remote_addr == 0 && rkey == 0,
+                        "a WRITE of {len} bytes while holding no peer region"
+                    );
+                    sq.push_back(wr_id);
+                    continue;
+                };
                 assert_eq!(
                     rkey, key,
                     "WRITE with an rkey the peer never advertised"
@@ -295,6 +303,7 @@ fn engine_config(peer: Hello, write_imm: bool, on_demand: bool) -> EngineConfig 
         signal_every: 4,
         max_inline: 64,
         write_imm,
+        zero_length_write_any_rkey: write_imm,
         peer,
     }
 }

@@ -89,6 +89,9 @@ pub(crate) struct Resources {
     pub(crate) mem: ConnMemory,
     pub(crate) cq: Arc<Cq>,
     pub(crate) hello: Hello,
+    /// The device is iWARP (no immediate data; a zero-length WRITE still
+    /// needs a valid rkey there as far as we know, §4.4).
+    pub(crate) iwarp: bool,
 }
 
 fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
@@ -154,7 +157,12 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
         rdv_rkey: mem.rdv_rkey(),
         max_message: cfg.max_message_bytes as u64,
     };
-    Ok(Resources { cq, mem, hello })
+    Ok(Resources {
+        cq,
+        mem,
+        hello,
+        iwarp: id.is_iwarp(),
+    })
 }
 
 fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
@@ -177,6 +185,7 @@ fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
         signal_every: cfg.signal_every_eff(),
         max_inline,
         write_imm: res.hello.flags & peer.flags & HELLO_FLAG_WRITE_IMM != 0,
+        zero_length_write_any_rkey: !res.iwarp,
         peer,
     }
 }

@@ -733,6 +733,51 @@ async fn memory_on_demand_follows_traffic() {
     .expect("timeout");
 }
 
+/// Keepalive (wire §4.4) on an idle connection with memory on demand, where
+/// neither side holds a region of the other's: on RoCE a zero-length WRITE
+/// to address and rkey 0 (the NIC must take it without checking them), on
+/// iWARP a CREDIT message. Either way the connection stays up and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keepalives_without_a_region_keep_the_connection() {
+    let Some(ip) = device_ip("idle_keepalives_without_a_region_keep_the_connection") else {
+        return;
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let cfg = Config {
+            keepalive: Duration::from_millis(150),
+            ..Config::default()
+        };
+        let (c, s) = pair(ip, &cfg).await;
+        let (cstats, sstats) = (c.stats(), s.stats());
+        let (mut ctx, mut crx) = c.split();
+        let (mut stx, mut srx) = s.split();
+        ctx.send(Bytes::from_static(b"hello")).await.unwrap();
+        assert_eq!(&srx.recv().await.unwrap().unwrap()[..], b"hello");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let ka =
+            |s: &rdma_transport::ConnStats| s.keepalives.load(std::sync::atomic::Ordering::Relaxed);
+        println!(
+            "keepalives over 1.5 s idle: client {}, server {} ({})",
+            ka(&cstats),
+            ka(&sstats),
+            if iwarp() {
+                "CREDIT messages"
+            } else {
+                "zero-length WRITEs to rkey 0"
+            }
+        );
+        // (A CREDIT keepalive makes the peer repost a receive, which counts
+        // as activity there: on iWARP the two sides may take turns.)
+        assert!(ka(&cstats) + ka(&sstats) >= 2, "keepalives were sent");
+        stx.send(Bytes::from_static(b"still up")).await.unwrap();
+        assert_eq!(&crx.recv().await.unwrap().unwrap()[..], b"still up");
+        ctx.send(pattern(3, 300_000)).await.unwrap();
+        assert!(srx.recv().await.unwrap().unwrap() == pattern(3, 300_000));
+    })
+    .await
+    .expect("timeout");
+}
+
 const CHILD_ENV: &str = "RDMA_TEST_CHILD_CONNECT";
 
 /// Child role for `peer_killed_mid_transfer` (no-op unless the env var is set).

@@ -207,6 +207,11 @@ pub struct EngineConfig {
     /// Both hellos offered RDMA WRITE with immediate data (§2.1 flags,
     /// §5.4): chunks are notified by the WRITE's immediate, not a SEND.
     pub write_imm: bool,
+    /// The device executes a zero-length RDMA WRITE without checking its
+    /// address and rkey (InfiniBand/RoCE, IB spec C9-88): keepalives (§4.4)
+    /// while no region of the peer's is held are such a WRITE, invisible to
+    /// the peer's CPU. Otherwise (iWARP) they are a CREDIT message.
+    pub zero_length_write_any_rkey: bool,
     /// The peer's hello.
     pub peer: Hello,
 }
@@ -1416,24 +1421,33 @@ impl Engine {
         }
         // §4.4: keepalive, a zero-length WRITE to the start of the peer's
         // region (no data moves, no credit is used, the peer sees nothing);
-        // while we hold no region of the peer's (§5.5), a CREDIT message.
+        // while we hold no region of the peer's (§5.5), a zero-length WRITE
+        // to address 0 where the device allows it, else a CREDIT message.
         let peer_region = matches!(
             self.peer_rdv,
             PeerRdv::Static | PeerRdv::Granted | PeerRdv::ReleaseDue
         );
-        if self.keepalive_due && peer_region && self.sq_room(1) {
+        let write_ok = peer_region || self.cfg.zero_length_write_any_rkey;
+        if self.keepalive_due && write_ok && self.sq_room(1) {
             self.keepalive_due = false;
             let (wr_id, signaled) = self.push_record(None, false);
+            // Without a region: address and rkey 0, which a zero-length
+            // WRITE does not need (C9-88).
+            let (remote_addr, rkey) = if peer_region {
+                (self.peer_rdv_addr, self.peer_rdv_rkey)
+            } else {
+                (0, 0)
+            };
             self.actions.push(Action::PostWrite {
                 staging: 0,
                 len: 0,
-                remote_addr: self.peer_rdv_addr,
-                rkey: self.peer_rdv_rkey,
+                remote_addr,
+                rkey,
                 wr_id,
                 signaled,
                 imm: None,
             });
-        } else if self.keepalive_due {
+        } else if self.keepalive_due && !write_ok {
             self.keepalive_due = false;
             self.force_credit = true;
         }

@@ -119,6 +119,8 @@ struct P {
     /// Memory on demand (§4.6, §5.5), with rings starting at `initial`.
     on_demand: bool,
     initial: u32,
+    /// The device takes zero-length WRITEs without a valid rkey (§4.4).
+    zero_write: bool,
 }
 
 impl P {
@@ -134,6 +136,7 @@ impl P {
             imm: false,
             on_demand: false,
             initial: 8,
+            zero_write: true,
         }
     }
     /// Memory on demand, rings starting at 4 of 8 slots.
@@ -211,6 +214,7 @@ impl P {
             signal_every: self.signal_every,
             max_inline: self.inline,
             write_imm: self.imm && peer.imm,
+            zero_length_write_any_rkey: self.zero_write,
             peer: peer.hello(),
         })
         .expect("valid peer hello")
@@ -1151,6 +1155,48 @@ fn keepalive_is_a_zero_length_write_that_uses_no_credit() {
     assert_eq!(e.credits(), credits, "a keepalive uses no credit");
     e.progress(&mut m).unwrap();
     assert!(e.take_actions().is_empty(), "one keepalive per request");
+}
+
+/// §4.4 with memory on demand: holding no region of the peer's, the
+/// keepalive is a zero-length WRITE to address and rkey 0 where the device
+/// takes it (IB/RoCE, C9-88: no credit, invisible to the peer), else
+/// (iWARP) a CREDIT message, which uses a credit.
+#[test]
+fn keepalive_without_a_peer_region() {
+    for zero_write in [true, false] {
+        let mut p = P::on_demand();
+        p.zero_write = zero_write;
+        let mut e = p.engine(&p);
+        let mut m = p.mem();
+        let _initial_receives = e.take_actions();
+        assert_eq!(e.peer_region(), None);
+        let credits = e.credits();
+        e.keepalive();
+        e.progress(&mut m).unwrap();
+        let a = e.take_actions();
+        if zero_write {
+            assert!(
+                matches!(
+                    a.as_slice(),
+                    [Action::PostWrite {
+                        len: 0,
+                        remote_addr: 0,
+                        rkey: 0,
+                        ..
+                    }]
+                ),
+                "{a:?}"
+            );
+            assert_eq!(e.credits(), credits, "no credit used");
+        } else {
+            assert!(matches!(a.as_slice(), [Action::PostSend { .. }]), "{a:?}");
+            let h = Header::decode(&m.send).unwrap();
+            assert_eq!(h.kind, Kind::Credit);
+            assert_eq!(e.credits(), credits - 1);
+        }
+        e.progress(&mut m).unwrap();
+        assert!(e.take_actions().is_empty(), "one keepalive per request");
+    }
 }
 
 #[test]
