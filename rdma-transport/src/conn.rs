@@ -190,15 +190,18 @@ fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
     }
 }
 
-/// Engine::new only fails on a bad peer hello, which decode already refused.
-fn engine_err(e: EngineError) -> Error {
+/// The connection's error for an engine failure; `what` names the work
+/// request side of a failed completion ("setup", "send", "recv"). A flushed
+/// completion means the QP went to the error state: the peer is gone.
+fn engine_err(e: EngineError, what: &'static str) -> Error {
     match e {
         EngineError::Protocol(v) => Error::Protocol(v),
         EngineError::Resource(m) => Error::ResourceLimit(m),
+        EngineError::Completion { status, .. } if status == WC_FLUSH_ERR => Error::Disconnected,
         EngineError::Completion { status, .. } => Error::Completion {
             status,
             status_str: Cq::status_str(status),
-            what: "setup",
+            what,
         },
     }
 }
@@ -246,7 +249,7 @@ async fn connect_inner(
         }
     };
     let ecfg = engine_config(cfg, &h.res, h.peer_hello);
-    let mut engine = Engine::new(ecfg).map_err(engine_err)?;
+    let mut engine = Engine::new(ecfg).map_err(|e| engine_err(e, "setup"))?;
     let _already_posted = engine.take_actions();
     // §2.3: the active side sends first (iWARP requirement).
     engine.send_initial_credit();
@@ -728,7 +731,8 @@ async fn setup_passive(
         });
     }
     let peer = id.peer_addr().unwrap_or(local);
-    let mut engine = Engine::new(engine_config(&cfg, &res, peer_hello)).map_err(engine_err)?;
+    let mut engine =
+        Engine::new(engine_config(&cfg, &res, peer_hello)).map_err(|e| engine_err(e, "setup"))?;
     let _already_posted = engine.take_actions();
     engine.set_wait_first_recv();
     admission.established();
@@ -802,15 +806,10 @@ impl Core {
         self.engine.swap_actions(&mut self.actions);
         // Post what was queued before a failure too: receives the engine
         // counted as posted must be.
-        let r = self.mem.execute(&self.actions).and(p.map_err(|e| match e {
-            EngineError::Resource(m) => Error::ResourceLimit(m),
-            EngineError::Protocol(v) => Error::Protocol(v),
-            EngineError::Completion { status, .. } => Error::Completion {
-                status,
-                status_str: Cq::status_str(status),
-                what: "send",
-            },
-        }));
+        let r = self
+            .mem
+            .execute(&self.actions)
+            .and(p.map_err(|e| engine_err(e, "send")));
         if !self.actions.is_empty() {
             // §4.4: no clock read per post; the keepalive timer looks at this.
             self.posted = true;
@@ -1433,22 +1432,9 @@ impl Driver {
                     imm: wc.imm,
                 };
                 if let Err(e) = core.engine.on_completion(c, &mut core.mem) {
-                    return Err(match e {
-                        EngineError::Protocol(v) => Error::Protocol(v),
-                        EngineError::Resource(m) => Error::ResourceLimit(m),
-                        EngineError::Completion { status, .. } if status == WC_FLUSH_ERR => {
-                            Error::Disconnected
-                        }
-                        EngineError::Completion { status, recv } => Error::Completion {
-                            status,
-                            status_str: Cq::status_str(status),
-                            what: if recv || wc.wr_id >> 56 == WR_RECV {
-                                "recv"
-                            } else {
-                                "send"
-                            },
-                        },
-                    });
+                    let recv = matches!(e, EngineError::Completion { recv: true, .. })
+                        || wc.wr_id >> 56 == WR_RECV;
+                    return Err(engine_err(e, if recv { "recv" } else { "send" }));
                 }
             }
             if n < 32 {
@@ -1640,15 +1626,21 @@ impl Driver {
             // Memory on demand (§5.5): the idle timer runs only while there
             // is something to give back, so an idle connection holding its
             // initial rings only is never woken for it.
-            let idle_release = self.cfg.memory_on_demand
-                && !self.cfg.memory_idle_release.is_zero()
-                && self.with_engine(|e| e.has_releasable()).unwrap_or(false);
+
             if self.setup_kick.is_some()
                 && self.with_engine(|e| e.heard_from_peer()).unwrap_or(true)
             {
                 self.setup_kick = None;
             }
-            let holding = self.with_engine(|e| e.holding_returns()).unwrap_or(false);
+            // One look under the core lock: receive back-pressure (§4.5),
+            // and whether memory on demand has anything to give back, so the
+            // idle timer runs only then (§5.5: an idle connection at its
+            // initial size is never woken for it).
+            let (holding, releasable) = self
+                .with_engine(|e| (e.holding_returns(), e.has_releasable()))
+                .unwrap_or((false, false));
+            let idle_release =
+                releasable && self.cfg.memory_on_demand && !self.cfg.memory_idle_release.is_zero();
             let (kick, kick_at) = match self.setup_kick {
                 Some((at, _)) => (true, at),
                 // Not polled; any stored instant will do (no clock read).

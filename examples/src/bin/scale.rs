@@ -944,15 +944,8 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
     let base_server = server_stats(&mut server)?;
     let base_client = proc_figures();
     eprintln!(
-        "scale: 0 connections: server registered {}, RSS {}; client registered {}, RSS {}",
-        base_server
-            .as_ref()
-            .map_or("n/a".into(), |s| human_bytes(s.registered_bytes as f64)),
-        base_server
-            .as_ref()
-            .map_or("n/a".into(), |s| human_bytes(s.rss_bytes as f64)),
-        human_bytes(base_client.registered_bytes as f64),
-        human_bytes(base_client.rss_bytes as f64)
+        "scale: 0 connections: {}",
+        base_figures(&base_server, &base_client)
     );
 
     let mut targets = vec![1usize];
@@ -1196,6 +1189,23 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
 
 // ---------------------------------------------------------------- output
 
+/// "server registered X, RSS Y; client registered Z, RSS W" (the server's
+/// figures are "n/a" when it did not report them).
+fn base_figures(server: &Option<ProcFigures>, client: &ProcFigures) -> String {
+    let srv = |f: fn(&ProcFigures) -> u64| {
+        server
+            .as_ref()
+            .map_or("n/a".into(), |s| human_bytes(f(s) as f64))
+    };
+    format!(
+        "server registered {}, RSS {}; client registered {}, RSS {}",
+        srv(|s| s.registered_bytes),
+        srv(|s| s.rss_bytes),
+        human_bytes(client.registered_bytes as f64),
+        human_bytes(client.rss_bytes as f64)
+    )
+}
+
 fn human_bytes(b: f64) -> String {
     const K: f64 = 1024.0;
     if b >= K * K * K {
@@ -1271,15 +1281,8 @@ fn render(
     );
     let _ = writeln!(
         out,
-        "With 0 connections: server registered {}, RSS {}; client registered {}, RSS {}.\n",
-        base_server
-            .as_ref()
-            .map_or("n/a".into(), |s| human_bytes(s.registered_bytes as f64)),
-        base_server
-            .as_ref()
-            .map_or("n/a".into(), |s| human_bytes(s.rss_bytes as f64)),
-        human_bytes(base_client.registered_bytes as f64),
-        human_bytes(base_client.rss_bytes as f64)
+        "With 0 connections: {}.\n",
+        base_figures(base_server, base_client)
     );
     let mut head = "| connections | setup (conn/s) | server registered | server reg./conn | server RSS | client registered | client RSS | calls ok / failed | 64 B p50 (ratio) | 64 B p99 (ratio) |".to_string();
     let mut rule = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".to_string();
