@@ -9,6 +9,7 @@
 //!       --bw-size BYTES (default 1 MiB) --bw-iters N (default 32; 0 = no bandwidth phase)
 //!       --runtime multi|current (tokio runtime, default multi: one worker per core)
 //!       --busy-poll-us N (Config::busy_poll, default: Config's)
+//!       --poll-mode adaptive|fixed|spin (Config::poll_mode, default adaptive)
 //! ```
 //! The client prints one parseable line for the latency phase (times in µs):
 //! `PINGPONG runtime=multi size=64 iters=1000 busy_poll_us=20 p50_us=.. p99_us=.. avg_us=.. min_us=..`
@@ -125,7 +126,7 @@ fn usage() -> ! {
     eprintln!(
         "usage: rdma_pingpong (--server ADDR:PORT | --client ADDR:PORT | --loopback IP) \
          [--size B] [--iters N] [--bw-size B] [--bw-iters N] [--runtime multi|current] \
-         [--busy-poll-us N]"
+         [--busy-poll-us N] [--poll-mode adaptive|fixed|spin]"
     );
     std::process::exit(2)
 }
@@ -162,6 +163,14 @@ fn main() {
                 let us: u64 = v.parse().unwrap_or_else(|_| usage());
                 cfg.busy_poll = std::time::Duration::from_micros(us);
                 o.busy_poll_us = us.into();
+            }
+            "--poll-mode" => {
+                cfg.poll_mode = match v.as_str() {
+                    "adaptive" => rdma_transport::PollMode::Adaptive,
+                    "fixed" => rdma_transport::PollMode::Fixed,
+                    "spin" => rdma_transport::PollMode::Spin,
+                    _ => usage(),
+                }
             }
             _ => usage(),
         }

@@ -1270,7 +1270,16 @@ struct SpinBudget {
     /// `PollMode::Adaptive`: moving average of how long the driver went
     /// without work before the next completion or command.
     avg: Duration,
+    /// `PollMode::Adaptive`: idle periods since the last one that was
+    /// timed (see [`SpinBudget::sample_now`]).
+    unsampled: u32,
 }
+
+/// `PollMode::Adaptive` times one idle period in this many while it does not
+/// spin (§8): each timing is two clock reads, a syscall each where the
+/// guest has no usable TSC, and a driver that sleeps anyway needs only a
+/// trend to notice when its waits get short.
+const SAMPLE_EVERY_ASLEEP: u32 = 8;
 
 impl SpinBudget {
     fn new(mode: PollMode, max: Duration) -> SpinBudget {
@@ -1278,6 +1287,27 @@ impl SpinBudget {
             mode,
             max,
             avg: Duration::ZERO,
+            unsampled: 0,
+        }
+    }
+
+    /// Whether to time the idle period that starts now: always while the
+    /// budget lets the driver spin (the spin reads the clock anyway), one
+    /// period in [`SAMPLE_EVERY_ASLEEP`] while it does not.
+    fn sample_now(&mut self) -> bool {
+        if self.mode != PollMode::Adaptive {
+            return false;
+        }
+        if !self.budget().is_zero() {
+            self.unsampled = 0;
+            return true;
+        }
+        self.unsampled += 1;
+        if self.unsampled >= SAMPLE_EVERY_ASLEEP {
+            self.unsampled = 0;
+            true
+        } else {
+            false
         }
     }
 
@@ -1563,8 +1593,7 @@ impl Driver {
                 }
                 continue;
             }
-            let adaptive = self.cfg.poll_mode == PollMode::Adaptive;
-            if adaptive && idle_since.is_none() {
+            if idle_since.is_none() && self.spin.sample_now() {
                 idle_since = Some(Instant::now());
             }
             // Busy-poll before sleeping (§8); the clock is read every
@@ -1597,6 +1626,12 @@ impl Driver {
                         if start.elapsed() >= budget {
                             break;
                         }
+                        // §8: spin cooperatively. Every CLOCK_EVERY polls,
+                        // let what else is ready on this worker run (the
+                        // task that will send the next message may be one
+                        // of them: on a current_thread runtime a spin that
+                        // never yields waits out its whole budget for it).
+                        tokio::task::yield_now().await;
                     }
                     std::hint::spin_loop();
                 }
@@ -1836,6 +1871,27 @@ mod tests {
         let mut z = SpinBudget::new(PollMode::Adaptive, Duration::ZERO);
         z.note(US);
         assert_eq!(z.budget(), Duration::ZERO);
+    }
+
+    #[test]
+    fn adaptive_times_every_period_while_spinning_one_in_eight_asleep() {
+        let mut b = SpinBudget::new(PollMode::Adaptive, 100 * US);
+        // Spinning (budget > 0): every idle period is timed.
+        assert!((0..10).all(|_| b.sample_now()));
+        for _ in 0..64 {
+            b.note(Duration::from_millis(2));
+        }
+        assert_eq!(b.budget(), Duration::ZERO);
+        // Asleep: one period in SAMPLE_EVERY_ASLEEP.
+        let timed = (0..8 * SAMPLE_EVERY_ASLEEP)
+            .filter(|_| b.sample_now())
+            .count();
+        assert_eq!(timed, 8);
+        // Fixed and Spin never time a period (nothing adapts).
+        let mut f = SpinBudget::new(PollMode::Fixed, 20 * US);
+        assert!(!(0..20).any(|_| f.sample_now()));
+        let mut s = SpinBudget::new(PollMode::Spin, 20 * US);
+        assert!(!(0..20).any(|_| s.sample_now()));
     }
 
     #[test]

@@ -393,13 +393,26 @@ pub fn encode_goaway(last_stream: u32, code: u32, message: &str) -> Bytes {
 /// Encodes BATCH: each frame behind its u32 length (§1.7).
 pub fn encode_batch(frames: &[Bytes]) -> Bytes {
     let len = HEADER_LEN + frames.iter().map(|f| 4 + f.len()).sum::<usize>();
-    let mut b = BytesMut::with_capacity(len);
-    header(&mut b, kind::BATCH, 0, 0);
+    let mut b = batch_with_capacity(len);
     for f in frames {
-        b.put_u32(f.len() as u32);
-        b.put_slice(f);
+        put_batch_part(&mut b, f);
     }
     b.freeze()
+}
+
+/// A BATCH being built (§1.7): its header, with room for `len` bytes in all;
+/// [`put_batch_part`] appends each frame.
+pub fn batch_with_capacity(len: usize) -> BytesMut {
+    let mut b = BytesMut::with_capacity(len);
+    header(&mut b, kind::BATCH, 0, 0);
+    b
+}
+
+/// Appends one frame to a BATCH behind its u32 length (§1.7). The caller
+/// keeps the message under the connection's frame limit, far below 4 GiB.
+pub fn put_batch_part(b: &mut BytesMut, f: &[u8]) {
+    b.put_u32(f.len() as u32);
+    b.put_slice(f);
 }
 
 /// Checked reads over a frame's payload.
@@ -437,9 +450,11 @@ impl Reader<'_> {
         let b = self.bytes(n)?;
         String::from_utf8(b.to_vec()).map_err(|_| FrameError::NotUtf8(what))
     }
-    fn metadata(&mut self, limits: &DecodeLimits) -> Result<HeaderMap, FrameError> {
+    /// `spare`: room for entries the receiver adds (the server adds up to
+    /// three to a call's request metadata), so the map does not grow.
+    fn metadata(&mut self, limits: &DecodeLimits, spare: usize) -> Result<HeaderMap, FrameError> {
         let count = self.u16()? as usize;
-        let mut md = HeaderMap::with_capacity(count.min(64));
+        let mut md = HeaderMap::with_capacity(count.min(64) + spare);
         let mut total = 0usize;
         for _ in 0..count {
             let klen = self.u16()? as usize;
@@ -460,15 +475,33 @@ impl Reader<'_> {
                 });
             }
             let v = self.bytes(vlen)?;
-            let name = HeaderName::from_bytes(&k).map_err(|_| {
-                FrameError::BadMetadataName(String::from_utf8_lossy(&k).into_owned())
-            })?;
+            let name = match grpc_name(&k) {
+                Some(n) => n,
+                None => HeaderName::from_bytes(&k).map_err(|_| {
+                    FrameError::BadMetadataName(String::from_utf8_lossy(&k).into_owned())
+                })?,
+            };
             let value = HeaderValue::from_maybe_shared(v)
                 .map_err(|_| FrameError::BadMetadataValue(name.to_string()))?;
             md.append(name, value);
         }
         Ok(md)
     }
+}
+
+/// The gRPC metadata names that calls carry most, as static names:
+/// `HeaderName::from_bytes` copies every name `http` does not know into a
+/// new allocation (`content-type`, `te` and `user-agent` it knows).
+fn grpc_name(k: &[u8]) -> Option<HeaderName> {
+    Some(HeaderName::from_static(match k {
+        b"grpc-status" => "grpc-status",
+        b"grpc-message" => "grpc-message",
+        b"grpc-status-details-bin" => "grpc-status-details-bin",
+        b"grpc-encoding" => "grpc-encoding",
+        b"grpc-accept-encoding" => "grpc-accept-encoding",
+        b"grpc-timeout" => "grpc-timeout",
+        _ => return None,
+    }))
 }
 
 /// Decodes one frame. Never panics; see [`FrameError`].
@@ -511,7 +544,7 @@ pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameErr
             if !path.starts_with('/') {
                 return Err(FrameError::BadMethodPath(path));
             }
-            let metadata = r.metadata(limits)?;
+            let metadata = r.metadata(limits, 3)?;
             Frame::Open {
                 stream,
                 path,
@@ -527,7 +560,7 @@ pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameErr
                 "TRAILERS"
             };
             nonzero(r.what)?;
-            let metadata = r.metadata(limits)?;
+            let metadata = r.metadata(limits, 0)?;
             if kind == kind::HEADERS {
                 Frame::Headers { stream, metadata }
             } else {
@@ -634,6 +667,52 @@ mod tests {
             }
             f => panic!("decoded {f:?}"),
         }
+    }
+
+    #[test]
+    fn grpc_names_decode_to_the_names_http_parses() {
+        let names = [
+            "grpc-status",
+            "grpc-message",
+            "grpc-status-details-bin",
+            "grpc-encoding",
+            "grpc-accept-encoding",
+            "grpc-timeout",
+        ];
+        for n in names {
+            assert_eq!(
+                grpc_name(n.as_bytes()),
+                Some(HeaderName::from_bytes(n.as_bytes()).unwrap())
+            );
+        }
+        assert_eq!(grpc_name(b"grpc-statu"), None);
+        assert_eq!(
+            grpc_name(b"Grpc-Status"),
+            None,
+            "left to HeaderName::from_bytes"
+        );
+        let mut md = HeaderMap::new();
+        for (i, n) in names.iter().enumerate() {
+            md.insert(*n, HeaderValue::from(i));
+        }
+        md.insert("x-other", HeaderValue::from_static("v"));
+        let b = encode_metadata_frame(kind::TRAILERS, 3, &md, LIM.max_metadata_bytes).unwrap();
+        match decode(b, &LIM).unwrap() {
+            Frame::Trailers { metadata, .. } => assert_eq!(metadata, md),
+            f => panic!("decoded {f:?}"),
+        }
+        // Names outside the table are still checked by `http`.
+        let mut raw = BytesMut::new();
+        header(&mut raw, kind::TRAILERS, 0, 3);
+        raw.put_u16(1);
+        raw.put_u16(11);
+        raw.put_slice(b"grpc status");
+        raw.put_u32(1);
+        raw.put_slice(b"0");
+        assert!(matches!(
+            decode(raw.freeze(), &LIM),
+            Err(FrameError::BadMetadataName(_))
+        ));
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod body;
 mod client;
 pub mod conn;
 mod discovery;
+mod dispatch;
 mod frame;
 mod layers;
 mod misbehaved;

@@ -194,6 +194,24 @@ struct Args {
     /// starting small costs.
     #[arg(long)]
     no_memory_on_demand: bool,
+    /// RDMA path: how each connection's driver waits for completions
+    /// (`rdma_transport::Config::poll_mode`; default: the transport's, adaptive).
+    #[arg(long)]
+    poll_mode: Option<PollModeArg>,
+    /// RDMA path: busy-poll bound / budget in µs (`Config::busy_poll`).
+    #[arg(long)]
+    busy_poll_us: Option<u64>,
+}
+
+/// `--poll-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum PollModeArg {
+    /// `PollMode::Adaptive`.
+    Adaptive,
+    /// `PollMode::Fixed`.
+    Fixed,
+    /// `PollMode::Spin`.
+    Spin,
 }
 
 impl Args {
@@ -203,6 +221,8 @@ impl Args {
             && self.rdv_buffers.is_none()
             && !self.no_write_imm
             && !self.no_memory_on_demand
+            && self.poll_mode.is_none()
+            && self.busy_poll_us.is_none()
         {
             return None;
         }
@@ -214,6 +234,15 @@ impl Args {
             rendezvous_buffers: self.rdv_buffers.unwrap_or(d.rendezvous_buffers),
             write_with_imm: !self.no_write_imm,
             memory_on_demand: !self.no_memory_on_demand,
+            poll_mode: match self.poll_mode {
+                None => d.poll_mode,
+                Some(PollModeArg::Adaptive) => rdma_transport::PollMode::Adaptive,
+                Some(PollModeArg::Fixed) => rdma_transport::PollMode::Fixed,
+                Some(PollModeArg::Spin) => rdma_transport::PollMode::Spin,
+            },
+            busy_poll: self
+                .busy_poll_us
+                .map_or(d.busy_poll, std::time::Duration::from_micros),
             ..d
         })
     }

@@ -267,15 +267,17 @@ fn take_message(queue: &mut VecDeque<Out>, batch_max: usize) -> Out {
     if n == 0 {
         return first;
     }
-    let mut parts = Vec::with_capacity(n + 1);
+    // Encoded straight into the BATCH (as `frame::encode_batch` does), with
+    // no list of the parts in between.
+    let mut b = frame::batch_with_capacity(size);
     let mut budget = first.budget;
-    parts.push(first.msg);
+    frame::put_batch_part(&mut b, &first.msg);
     for o in queue.drain(..n) {
         budget = budget.saturating_add(o.budget);
-        parts.push(o.msg);
+        frame::put_batch_part(&mut b, &o.msg);
     }
     Out {
-        msg: frame::encode_batch(&parts),
+        msg: b.freeze(),
         body: Bytes::new(),
         budget,
     }
