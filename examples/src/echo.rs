@@ -75,6 +75,10 @@ fn echo_metadata(from: &MetadataMap, to: &mut MetadataMap) {
 }
 
 /// The status a request asks for, with details and trailer metadata.
+/// A unary request with this message makes the handler panic (after its
+/// `delay_ms`): for tests of what a server does with a panicking handler.
+pub const PANIC_MESSAGE: &str = "panic, as a test asks";
+
 fn requested_failure(req: &EchoRequest) -> Option<Status> {
     if req.fail_with_code == 0 {
         return None;
@@ -143,6 +147,10 @@ impl Echo for EchoService {
         let req = request.into_inner();
         if req.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(req.delay_ms.into())).await;
+        }
+        if req.message == PANIC_MESSAGE {
+            track.done();
+            panic!("the echo handler panics, as the request asked");
         }
         if let Some(s) = requested_failure(&req) {
             track.done();

@@ -8,6 +8,7 @@
 //! are bounded by the receive window granted to the peer (§1.4), so a slow
 //! call cannot stall the others.
 
+mod opened;
 mod outbox;
 mod queue;
 
@@ -17,6 +18,8 @@ use crate::window::SendWindow;
 use crate::{ConnInfo, PeerMisbehaved, SessionConfig};
 use bytes::Bytes;
 use http::HeaderMap;
+pub(crate) use opened::CallFuture;
+use opened::Opened;
 use outbox::{Outbox, Pushed};
 pub(crate) use queue::InboundRx;
 use queue::InboundTx;
@@ -52,9 +55,9 @@ pub(crate) struct OpenCall {
     pub(crate) window: Arc<SendWindow>,
 }
 
-/// Called by the reader for each OPEN; must not block.
-pub(crate) type AcceptFn =
-    Arc<dyn Fn(Arc<Shared>, OpenCall) -> Option<tokio::task::AbortHandle> + Send + Sync>;
+/// Called by the reader for each OPEN; must not block. Returns the call,
+/// not started: the session runs it ([`opened`]).
+pub(crate) type AcceptFn = Arc<dyn Fn(Arc<Shared>, OpenCall) -> CallFuture + Send + Sync>;
 
 /// Told of each peer that violated the call protocol, before its connection closes.
 pub(crate) type MisbehavedHook = Arc<dyn Fn(&ConnInfo, &PeerMisbehaved) + Send + Sync>;
@@ -378,15 +381,24 @@ fn handle_next(
     };
     // A peer that ignores the metadata limit it was told in HELLO is
     // misbehaving too (§1.5): every violation closes the connection.
+    let mut opened = Opened::default();
     let handled = match frame::decode(bytes, limits) {
         Ok(Frame::Batch(parts)) => parts.into_iter().try_for_each(|p| {
             let f = frame::decode(p, limits)?;
-            shared.dispatch(f, acceptor)
+            shared.dispatch(f, acceptor, &mut opened)
         }),
-        Ok(f) => shared.dispatch(f, acceptor),
+        Ok(f) => shared.dispatch(f, acceptor, &mut opened),
         Err(e) => Err(e.into()),
     };
-    handled.err().map(|e| shared.misbehaved(e, acceptor))
+    match handled {
+        // The calls this message opened start now that all of it (e.g. the
+        // request after its OPEN) is in their queues.
+        Ok(()) => {
+            opened.run(shared);
+            None
+        }
+        Err(e) => Some(shared.misbehaved(e, acceptor)),
+    }
 }
 
 /// Sends what the calls queued (see [`outbox`]) until the session ends, then
@@ -582,6 +594,24 @@ impl Shared {
     }
 
     /// Removes a call that ended normally (no RESET sent).
+    /// Whether call `id` is still open (not finished, reset or failed).
+    fn has_stream(&self, id: u32) -> bool {
+        lock(&self.state).streams.contains_key(&id)
+    }
+
+    /// Server: the task running call `id`'s handler, aborted on RESET or
+    /// connection loss; aborted at once if the call already ended.
+    fn set_handler(&self, id: u32, handle: tokio::task::AbortHandle) {
+        let mut s = lock(&self.state);
+        match s.streams.get_mut(&id) {
+            Some(e) => e.handler = Some(handle),
+            None => {
+                drop(s);
+                handle.abort();
+            }
+        }
+    }
+
     pub(crate) fn finish_stream(&self, id: u32) {
         let mut s = lock(&self.state);
         if let Some(e) = s.streams.remove(&id) {
@@ -712,6 +742,7 @@ impl Shared {
         self: &Arc<Self>,
         f: Frame,
         acceptor: Option<&Acceptor>,
+        opened: &mut Opened,
     ) -> Result<(), PeerMisbehaved> {
         match f {
             Frame::Hello(_) => return Err(PeerMisbehaved::SecondHello),
@@ -774,7 +805,7 @@ impl Shared {
                 if end_stream {
                     let _ = tx.send(Inbound::End);
                 }
-                let handle = (acceptor.accept)(
+                let call = (acceptor.accept)(
                     self.clone(),
                     OpenCall {
                         stream,
@@ -785,12 +816,7 @@ impl Shared {
                         window,
                     },
                 );
-                let mut s = lock(&self.state);
-                match (s.streams.get_mut(&stream), handle) {
-                    (Some(e), h) => e.handler = h,
-                    (None, Some(h)) => h.abort(),
-                    (None, None) => {}
-                }
+                opened.add(self, stream, call);
             }
             Frame::Headers { stream, metadata } => {
                 self.deliver(stream, Inbound::Headers(metadata), false);
