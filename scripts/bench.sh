@@ -113,6 +113,11 @@ if [ "${1:-}" = "--in-vm" ]; then
     timeout 120 "$PINGPONG" --loopback "$SOFTROCE_IP" --iters 1000 --bw-iters 0 --runtime "$rt" \
       >"$OUT/pingpong_$rt.txt" 2>&1 || echo "rdma_pingpong $rt failed: see $OUT/pingpong_$rt.txt" >&2
     grep PINGPONG "$OUT/pingpong_$rt.txt" >&2 || true
+    # The polling mode (PollMode::Spin): no completion-channel sleeps.
+    timeout 120 "$PINGPONG" --loopback "$SOFTROCE_IP" --iters 1000 --bw-iters 0 --runtime "$rt" \
+      --poll-mode spin >"$OUT/pingpong_${rt}_spin.txt" 2>&1 ||
+      echo "rdma_pingpong $rt spin failed: see $OUT/pingpong_${rt}_spin.txt" >&2
+    grep PINGPONG "$OUT/pingpong_${rt}_spin.txt" >&2 || true
   done
   # The small call on the other layers: memory path and current_thread runtime.
   echo "--- bench, small calls: memory path; current_thread runtime" >&2
@@ -123,6 +128,16 @@ if [ "${1:-}" = "--in-vm" ]; then
     --payloads 64 --inflight 1 --duration-ms 1000 \
     --json "$OUT/vm-bench-ct.json" --markdown "$OUT/vm-bench-ct.md" \
     >"$OUT/vm-bench-ct.stdout" 2>"$OUT/vm-bench-ct.stderr" || echo "bench current_thread failed" >&2
+  echo "--- bench, small calls, polling mode (--poll-mode spin)" >&2
+  for rt in multi current; do
+    ctflag=""
+    [ "$rt" = current ] && ctflag=--current-thread
+    # shellcheck disable=SC2086
+    timeout 120 "$BIN" --addr "$SOFTROCE_IP:0" $ctflag --paths rdma --poll-mode spin \
+      --payloads 64 --inflight 1 --duration-ms 1000 --json "$OUT/vm-bench-spin-$rt.json" \
+      >"$OUT/vm-bench-spin-$rt.stdout" 2>"$OUT/vm-bench-spin-$rt.stderr" ||
+      echo "bench spin $rt failed" >&2
+  done
   if [ "$WHAT" = decomp ]; then
     timeout 240 "$BIN" --addr "$SOFTROCE_IP:0" --paths rdma,tonic-tcp --payloads 64 \
       --duration-ms 1000 ${BENCH_VM_ARGS:-} \
@@ -583,7 +598,7 @@ def load_json(name):
     return json.loads(t)["cells"] if t else []
 
 def pingpong(rt):
-    m = re.search(r"PINGPONG .*?p50_us=([0-9.]+)", read(f"pingpong_{rt}.txt"))
+    m = re.search(r"PINGPONG .*?p50_us=([0-9.]+)", read(f"pingpong_{rt}.txt", ""))
     return float(m.group(1)) if m else None
 
 def cg_per_call(path, n):
@@ -630,10 +645,16 @@ if mode in ("vm", "decomp", "all", "report") and os.path.exists(os.path.join(out
     row("perftest `ib_send_lat -e` (completion events)", 2 * lat_ev[4] if lat_ev else None)
     row("`rdma_pingpong` (rdma-transport only), multi-thread runtime", pingpong("multi"))
     row("`rdma_pingpong`, `current_thread` runtime", pingpong("current"))
+    row("`rdma_pingpong`, multi-thread, polling mode (`PollMode::Spin`)", pingpong("multi_spin"))
+    row("`rdma_pingpong`, `current_thread`, polling mode", pingpong("current_spin"))
     c = cell(vm, "rdma", 64, 1)
     row("bench, full gRPC call over RDMA (multi-thread, as shipped)", c and c["p50_us"], c, strace_per_call("vm", "rdma", st_vm_calls))
     c = cell(ct, "rdma", 64, 1)
     row("same, `current_thread`", c and c["p50_us"], c)
+    c = cell(load_json("vm-bench-spin-multi.json"), "rdma", 64, 1)
+    row("same, multi-thread, polling mode (`--poll-mode spin`)", c and c["p50_us"], c)
+    c = cell(load_json("vm-bench-spin-current.json"), "rdma", 64, 1)
+    row("same, `current_thread`, polling mode", c and c["p50_us"], c)
     c = cell(vm, "tonic-tcp", 64, 1)
     row("tonic over the guest's TCP (multi-thread)", c and c["p50_us"], c, strace_per_call("vm", "tonic-tcp", st_vm_calls))
     c = cell(ct, "tonic-tcp", 64, 1)
@@ -651,7 +672,7 @@ if mode in ("vm", "decomp", "all", "report") and os.path.exists(os.path.join(out
     r1, t1 = cell(vm, "rdma", 64, 1), cell(vm, "tonic-tcp", 64, 1)
     if r1 and rtt:
         s.append(f"| rdma p50 / perftest polling RTT, 64 B | ≤ 3× | {fmt_us(r1['p50_us'])} / {fmt_us(rtt)} = {x(r1['p50_us'], rtt, 1)} |")
-    for rt in ("multi", "current"):
+    for rt in ("multi", "current", "multi_spin", "current_spin"):
         pp = pingpong(rt)
         if pp and rtt:
             s.append(f"| rdma_pingpong ({rt}) p50 / perftest polling RTT | ≤ 1.5× | {fmt_us(pp)} / {fmt_us(rtt)} = {x(pp, rtt, 1)} |")

@@ -1021,19 +1021,17 @@ async fn msg_call(
     req: http::Request<Body>,
 ) -> Result<http::Response<Body>, Status> {
     let (parts, mut body) = req.into_parts();
-    let path = parts.uri.path().to_string();
+    let uri = parts.uri;
+    let path = uri.path();
     let timeout = parts
         .headers
         .get("grpc-timeout")
         .and_then(|v| v.to_str().ok())
         .and_then(timeout::parse);
     let mut md = parts.headers;
-    let names: Vec<_> = md
-        .keys()
-        .filter(|k| is_transport_header(k))
-        .cloned()
-        .collect();
-    for n in names {
+    // A few entries at most: no list of the names to remove (an allocation
+    // per call, since tonic always sets `te`).
+    while let Some(n) = md.keys().find(|k| is_transport_header(k)).cloned() {
         md.remove(n);
     }
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
@@ -1083,7 +1081,7 @@ async fn msg_call(
         let open_ends = end && ready.is_empty();
         let (stream, mut rx, window) = shared.open_stream(|id| {
             // Checked against `limit` just above: cannot fail here.
-            crate::frame::encode_open(id, &path, remaining, &md, open_ends, limit)
+            crate::frame::encode_open(id, path, remaining, &md, open_ends, limit)
                 .unwrap_or_default()
         })?;
         let mut guard = CallGuard {
