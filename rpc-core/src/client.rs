@@ -410,8 +410,26 @@ impl ChannelBuilder {
         self
     }
     /// rdma-transport's settings (buffer sizes, queue depths, inline and
-    /// eager limits...) for this channel's RDMA connections. Default: the
-    /// transport's defaults with `max_message_bytes` = 16 MiB.
+    /// eager limits, how completions are waited for...) for this channel's
+    /// RDMA connections. Default: the transport's defaults with
+    /// `max_message_bytes` = 16 MiB.
+    ///
+    /// A latency-critical client that gives its connection a core polls
+    /// instead of sleeping on completion events:
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), rpc_core::Error> {
+    /// use rpc_core::{Channel, PollMode, RdmaConfig};
+    /// let channel = Channel::builder("http://10.0.0.1:50051")
+    ///     .rdma_config(RdmaConfig {
+    ///         poll_mode: PollMode::Spin,
+    ///         max_message_bytes: rpc_core::MAX_RDMA_FRAME,
+    ///         ..RdmaConfig::default()
+    ///     })
+    ///     .connect()
+    ///     .await?;
+    /// # drop(channel); Ok(()) }
+    /// ```
     pub fn rdma_config(mut self, c: rdma_transport::Config) -> Self {
         self.rdma_config = Some(c);
         self

@@ -47,6 +47,9 @@ pub use rdma::MAX_RDMA_FRAME;
 /// rdma-transport's settings, for [`ChannelBuilder::rdma_config`] and
 /// [`Server::rdma_config`].
 pub use rdma_transport::Config as RdmaConfig;
+/// How an RDMA connection waits for completions ([`RdmaConfig::poll_mode`]):
+/// adaptive busy-polling (the default), a fixed spin, or polling only.
+pub use rdma_transport::PollMode;
 pub use server::{HttpService, MemoryServer, Router, Server, ServingHandle};
 /// An endpoint change of a balanced channel's discovery stream
 /// ([`Channel::balance_channel`], [`Channel::balance_discover`]): tower's.
