@@ -22,7 +22,7 @@ pub(crate) use opened::CallFuture;
 use opened::Opened;
 use outbox::{Outbox, Pushed};
 pub(crate) use queue::InboundRx;
-use queue::InboundTx;
+use queue::{CallWindow, InboundTx};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,7 +52,7 @@ pub(crate) struct OpenCall {
     pub(crate) timeout: Option<Duration>,
     pub(crate) metadata: HeaderMap,
     pub(crate) inbound: InboundRx,
-    pub(crate) window: Arc<SendWindow>,
+    pub(crate) window: CallWindow,
 }
 
 /// Called by the reader for each OPEN; must not block. Returns the call,
@@ -80,7 +80,7 @@ pub(crate) fn misbehaved_status(e: &PeerMisbehaved) -> Status {
 #[derive(Debug)]
 struct StreamEntry {
     inbound: InboundTx,
-    window: Arc<SendWindow>,
+    window: CallWindow,
     /// DATA bytes the peer may still send before we grant more.
     recv_window: i64,
     /// Server: the handler task, aborted on RESET or connection loss.
@@ -564,7 +564,7 @@ impl Shared {
     pub(crate) fn open_stream(
         &self,
         open: impl FnOnce(u32) -> Bytes,
-    ) -> Result<(u32, InboundRx, Arc<SendWindow>), Status> {
+    ) -> Result<(u32, InboundRx, CallWindow), Status> {
         let mut s = lock(&self.state);
         if let Some(st) = &s.closed {
             return Err(st.clone());
@@ -578,8 +578,7 @@ impl Shared {
         s.next_stream = s.next_stream.checked_add(2).ok_or_else(|| {
             Status::unavailable("stream ids exhausted on this connection; reconnect")
         })?;
-        let (tx, rx) = queue::channel();
-        let window = Arc::new(SendWindow::new(self.peer.initial_window));
+        let (tx, rx, window) = queue::channel(self.peer.initial_window);
         s.streams.insert(
             id,
             StreamEntry {
@@ -756,8 +755,7 @@ impl Shared {
                 let Some(acceptor) = acceptor else {
                     return Err(PeerMisbehaved::OpenToClient);
                 };
-                let (tx, rx) = queue::channel();
-                let window = Arc::new(SendWindow::new(self.peer.initial_window));
+                let (tx, rx, window) = queue::channel(self.peer.initial_window);
                 {
                     let mut s = lock(&self.state);
                     if stream % 2 == 0 {

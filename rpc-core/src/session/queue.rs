@@ -8,6 +8,7 @@
 //! small buffer on first use.
 
 use super::Inbound;
+use crate::window::SendWindow;
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -23,23 +24,49 @@ struct State {
     rx_alive: bool,
 }
 
-struct Queue(Mutex<State>);
+/// One call's shared state: its inbound queue and its send window, in one
+/// allocation (the call and the session's stream map both hold both).
+struct Queue {
+    state: Mutex<State>,
+    window: SendWindow,
+}
 
 impl Queue {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
-/// Creates a call's queue.
-pub(crate) fn channel() -> (InboundTx, InboundRx) {
-    let q = Arc::new(Queue(Mutex::new(State {
-        items: VecDeque::new(),
-        waker: None,
-        senders: 1,
-        rx_alive: true,
-    })));
-    (InboundTx(q.clone()), InboundRx(q))
+/// Creates a call's queue, with its send window of `initial_window` bytes
+/// (`docs/wire-protocol.md` §1.4).
+pub(crate) fn channel(initial_window: u32) -> (InboundTx, InboundRx, CallWindow) {
+    let q = Arc::new(Queue {
+        state: Mutex::new(State {
+            items: VecDeque::new(),
+            waker: None,
+            senders: 1,
+            rx_alive: true,
+        }),
+        window: SendWindow::new(initial_window),
+    });
+    (InboundTx(q.clone()), InboundRx(q.clone()), CallWindow(q))
+}
+
+/// A call's send window (shared with its queue's allocation).
+#[derive(Clone)]
+pub(crate) struct CallWindow(Arc<Queue>);
+
+impl std::ops::Deref for CallWindow {
+    type Target = SendWindow;
+    fn deref(&self) -> &SendWindow {
+        &self.0.window
+    }
+}
+
+impl std::fmt::Debug for CallWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.window.fmt(f)
+    }
 }
 
 /// The reader's end of a call's queue.
@@ -143,7 +170,7 @@ mod tests {
 
     #[tokio::test]
     async fn delivers_in_order_then_ends_when_the_senders_are_gone() {
-        let (tx, mut rx) = channel();
+        let (tx, mut rx, _window) = channel(0);
         let tx2 = tx.clone();
         tx.send(data(b"a")).unwrap();
         tx2.send(Inbound::End).unwrap();
@@ -168,7 +195,7 @@ mod tests {
 
     #[test]
     fn send_fails_once_the_receiver_is_gone() {
-        let (tx, mut rx) = channel();
+        let (tx, mut rx, _window) = channel(0);
         tx.send(data(b"x")).unwrap();
         assert!(matches!(rx.try_recv(), Some(Inbound::Data(_))));
         assert!(rx.try_recv().is_none());
