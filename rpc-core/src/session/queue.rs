@@ -15,13 +15,51 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 struct State {
-    items: VecDeque<Inbound>,
+    items: Items,
     /// The receiver's task, while it waits.
     waker: Option<Waker>,
     /// Live senders; none left (and the queue empty) ends the stream.
     senders: usize,
     /// False once the receiver was dropped: sends fail.
     rx_alive: bool,
+}
+
+/// A FIFO that holds its first [`INLINE`] items in place: a unary call's
+/// queue (HEADERS, DATA, TRAILERS at the client; DATA, end at the server)
+/// never allocates a buffer of its own.
+#[derive(Default)]
+struct Items {
+    ring: [Option<Inbound>; INLINE],
+    head: usize,
+    len: usize,
+    /// Items behind the ring's, once it was full (FIFO: while this is not
+    /// empty, new items go here too).
+    overflow: VecDeque<Inbound>,
+}
+
+/// Items a call's queue holds without allocating.
+const INLINE: usize = 4;
+
+impl Items {
+    fn push_back(&mut self, m: Inbound) {
+        if self.len < INLINE && self.overflow.is_empty() {
+            self.ring[(self.head + self.len) % INLINE] = Some(m);
+            self.len += 1;
+        } else {
+            self.overflow.push_back(m);
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<Inbound> {
+        if self.len > 0 {
+            let m = self.ring[self.head].take();
+            self.head = (self.head + 1) % INLINE;
+            self.len -= 1;
+            m
+        } else {
+            self.overflow.pop_front()
+        }
+    }
 }
 
 /// One call's shared state: its inbound queue and its send window, in one
@@ -42,7 +80,7 @@ impl Queue {
 pub(crate) fn channel(initial_window: u32) -> (InboundTx, InboundRx, CallWindow) {
     let q = Arc::new(Queue {
         state: Mutex::new(State {
-            items: VecDeque::new(),
+            items: Items::default(),
             waker: None,
             senders: 1,
             rx_alive: true,
@@ -191,6 +229,35 @@ mod tests {
         let got = waiter.await.unwrap();
         assert_eq!(got.len(), 3, "{got:?}");
         assert!(got[0].contains("Data") && got[1] == "End" && got[2].contains("Data"));
+    }
+
+    #[test]
+    fn items_stay_in_order_through_the_ring_and_the_overflow() {
+        let mut q = Items::default();
+        let mut next_in = 0u8;
+        let mut next_out = 0u8;
+        // Pushes and pops in uneven runs: ring full, overflow, ring wrapping.
+        for (push, pop) in [(3, 2), (6, 1), (1, 5), (9, 9), (2, 0), (4, 6)] {
+            for _ in 0..push {
+                q.push_back(Inbound::Data(Bytes::from(vec![next_in])));
+                next_in += 1;
+            }
+            for _ in 0..pop {
+                match q.pop_front() {
+                    Some(Inbound::Data(b)) => assert_eq!(b[0], next_out),
+                    _ => panic!("item {next_out} missing"),
+                }
+                next_out += 1;
+            }
+        }
+        while let Some(m) = q.pop_front() {
+            match m {
+                Inbound::Data(b) => assert_eq!(b[0], next_out),
+                _ => panic!("not data"),
+            }
+            next_out += 1;
+        }
+        assert_eq!(next_in, next_out, "every item came out once");
     }
 
     #[test]
