@@ -212,8 +212,9 @@ pub enum Frame {
         /// Reason.
         message: String,
     },
-    /// §1.7: frames carried in one connection message, each still encoded.
-    Batch(Vec<Bytes>),
+    /// §1.7: frames carried in one connection message, each still encoded
+    /// (their boundaries checked; iterate to take them, no list is built).
+    Batch(BatchParts),
     /// A frame type this version does not know; ignored (§1.2).
     Unknown(u8),
 }
@@ -415,6 +416,23 @@ pub fn put_batch_part(b: &mut BytesMut, f: &[u8]) {
     b.put_slice(f);
 }
 
+/// The frames of a BATCH (§1.7), in order, each still encoded. Made by
+/// [`decode`], which checked every boundary, so iterating cannot fail.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchParts(Bytes);
+
+impl Iterator for BatchParts {
+    type Item = Bytes;
+    fn next(&mut self) -> Option<Bytes> {
+        if self.0.len() < 4 {
+            return None;
+        }
+        let n = self.0.get_u32() as usize;
+        // Checked by `decode`; `min` keeps a hand-made value from panicking.
+        Some(self.0.split_to(n.min(self.0.len())))
+    }
+}
+
 /// Checked reads over a frame's payload.
 struct Reader<'a> {
     buf: &'a mut Bytes,
@@ -601,17 +619,24 @@ pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameErr
             }
         }
         kind::BATCH => {
-            r.what = "BATCH";
-            let mut parts = Vec::new();
-            while r.buf.has_remaining() {
-                let n = r.u32()? as usize;
-                let part = r.bytes(n)?;
-                if part.first() == Some(&kind::BATCH) {
+            // Every boundary is checked here, before any part is used: a
+            // malformed BATCH is refused whole (§1.7).
+            let mut rest: &[u8] = r.buf;
+            while !rest.is_empty() {
+                if rest.len() < 4 {
+                    return Err(FrameError::Truncated("BATCH"));
+                }
+                let n = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+                rest = &rest[4..];
+                if rest.len() < n {
+                    return Err(FrameError::Truncated("BATCH"));
+                }
+                if rest.first() == Some(&kind::BATCH) && n > 0 {
                     return Err(FrameError::NestedBatch);
                 }
-                parts.push(part);
+                rest = &rest[n..];
             }
-            Frame::Batch(parts)
+            Frame::Batch(BatchParts(std::mem::take(r.buf)))
         }
         other => Frame::Unknown(other),
     };
@@ -872,10 +897,10 @@ mod tests {
         let a = encode_window_update(1, 5);
         let b = encode_data(3, b"xyz", true);
         let batch = encode_batch(&[a.clone(), b.clone()]);
-        assert_eq!(
-            decode(batch.clone(), &LIM).unwrap(),
-            Frame::Batch(vec![a, b])
-        );
+        match decode(batch.clone(), &LIM).unwrap() {
+            Frame::Batch(parts) => assert_eq!(parts.collect::<Vec<_>>(), vec![a, b]),
+            f => panic!("decoded {f:?}"),
+        }
         assert_eq!(
             decode(encode_batch(&[batch]), &LIM),
             Err(FrameError::NestedBatch)
