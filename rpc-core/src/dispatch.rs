@@ -5,10 +5,10 @@
 //! matches the path against its route table, stores the URL parameters in
 //! the request's extensions (a percent-decoding and three allocations the
 //! gRPC handlers never read), and boxes the route's future. On the HTTP/2
-//! side that is tonic's own cost; on a message connection, where a call
-//! costs a few thousand instructions, it was about 5 % of the whole call
-//! (`docs/benchmarks.md`, "Where a small call's instructions go"). A gRPC
-//! path is `/package.Service/Method` and tonic routes it by the service
+//! side that is tonic's own cost; on a message connection it was about
+//! 4 k of a small call's 67 k instructions, client and server together
+//! (`docs/benchmarks.md`, "Run in place, dispatch by name, cooperative
+//! spin"). A gRPC path is `/package.Service/Method` and tonic routes it by the service
 //! name alone (`/{NAME}/{*rest}`), so a hash lookup on the name finds the
 //! same service the router would. Everything else (unknown services,
 //! `add_routes`, the user's layers) still goes through the router.
