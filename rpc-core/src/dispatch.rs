@@ -39,9 +39,9 @@ impl std::fmt::Debug for Direct {
 }
 
 impl Direct {
-    /// Adds `svc` under its name (a later service of the same name replaces
-    /// it here, as the router would refuse or shadow it there: the router
-    /// keeps the final say for names it knows, see [`Direct::get`]).
+    /// Adds `svc` under its name. Callers add the same service to the
+    /// router, which refuses (panics on) a second service of one name, so
+    /// the two never disagree.
     pub(crate) fn add<S>(&mut self, svc: S)
     where
         S: Service<http::Request<Body>, Error = Infallible>
