@@ -966,6 +966,108 @@ impl Drop for CallGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::task::{Poll, Waker};
+
+    /// A server session over an in-memory connection whose acceptor logs,
+    /// per call, whether its first poll ran in place (`opened`: the no-op
+    /// waker) or in a task of its own; the other end is a raw connection
+    /// that has done the handshake, so a test decides exactly which frames
+    /// travel in which message.
+    async fn server_and_raw_client() -> (
+        Arc<Shared>,
+        crate::conn::mem::MemSender,
+        crate::conn::mem::MemReceiver,
+        Arc<Mutex<Vec<(u32, bool)>>>,
+    ) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let l = log.clone();
+        let accept: AcceptFn = Arc::new(move |shared: Arc<Shared>, call: OpenCall| {
+            let l = l.clone();
+            Box::pin(async move {
+                let in_place =
+                    std::future::poll_fn(|cx| Poll::Ready(cx.waker().will_wake(Waker::noop())))
+                        .await;
+                l.lock().unwrap().push((call.stream, in_place));
+                shared.finish_stream(call.stream);
+            })
+        });
+        let acceptor = Acceptor {
+            accept,
+            on_misbehaved: None,
+        };
+        let (a, b) = crate::conn::mem::pair();
+        let info = ConnInfo {
+            transport: crate::TransportKind::Memory,
+            peer: None,
+        };
+        let server = start(b, info, SessionConfig::default(), Some(acceptor));
+        let (mut tx, mut rx) = a.split();
+        let raw = async {
+            let c = SessionConfig::default();
+            let hello = Hello {
+                version: frame::PROTOCOL_VERSION,
+                features: frame::FEATURE_BATCH,
+                max_concurrent_calls: c.max_concurrent_calls,
+                initial_window: c.initial_window,
+                max_metadata_bytes: c.max_metadata_bytes,
+                connection_window: c.connection_window,
+            };
+            tx.send(frame::encode_hello(&hello)).await.unwrap();
+            rx.recv().await.unwrap().expect("the server's HELLO");
+        };
+        let (server, ()) = tokio::join!(server, raw);
+        (server.expect("server session"), tx, rx, log)
+    }
+
+    fn open_and_request(id: u32) -> [Bytes; 2] {
+        [
+            frame::encode_open(id, "/p.S/M", None, &HeaderMap::new(), false, 1 << 14).unwrap(),
+            frame::encode_data(id, b"req", true),
+        ]
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_one_call_of_a_message_runs_in_place_further_ones_in_tasks() {
+        let (_server, mut tx, _rx, log) = server_and_raw_client().await;
+        // One call in one message: in place.
+        tx.send(frame::encode_batch(&open_and_request(1)))
+            .await
+            .unwrap();
+        // Three calls in one message: the first in place, the others spawned.
+        let three: Vec<Bytes> = [3, 5, 7].into_iter().flat_map(open_and_request).collect();
+        tx.send(frame::encode_batch(&three)).await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while log.lock().unwrap().len() < 4 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                log.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let mut got = log.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, vec![(1, true), (3, true), (5, false), (7, false)]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_reset_in_the_message_that_opened_it_never_starts() {
+        let (_server, mut tx, _rx, log) = server_and_raw_client().await;
+        let [open, _] = open_and_request(1);
+        let reset = frame::encode_reset(1, Code::Cancelled as u32, "changed my mind");
+        tx.send(frame::encode_batch(&[open, reset])).await.unwrap();
+        // Messages are handled in order, and a message's call starts before
+        // the next message is read: once call 3 ran, call 1 would have too.
+        tx.send(frame::encode_batch(&open_and_request(3)))
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while log.lock().unwrap().is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "call 3 never ran");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(*log.lock().unwrap(), vec![(3, true)]);
+    }
 
     #[test]
     fn data_frames_fill_whole_granules() {
