@@ -27,7 +27,10 @@ pub enum PollMode {
     /// eRPC do) at the price of a CPU core per busy connection: for
     /// latency-critical users who run the connection on a runtime with a
     /// dedicated thread (e.g. a `current_thread` runtime on its own core).
-    /// Timers (keepalive), cm events and commands are still served.
+    /// Timers (keepalive), cm events and commands are still served. On a
+    /// multi-thread runtime shared with other work on a busy machine it can
+    /// be far slower than `Adaptive` (spinners take turns on the cores:
+    /// `docs/benchmarks.md`, "Beside a CPU hog").
     Spin,
 }
 
