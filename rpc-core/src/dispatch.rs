@@ -18,15 +18,13 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use tonic::body::Body;
-use tonic::server::NamedService;
 use tower::util::BoxCloneSyncService;
-use tower::{Service, ServiceExt};
 
 /// One service, its response already in tonic's body type.
 pub(crate) type DirectService =
     BoxCloneSyncService<http::Request<Body>, http::Response<Body>, Infallible>;
 
-/// The services added with `add_service`, by [`NamedService::NAME`].
+/// The services added with `add_service`, by [`NamedService::NAME`](tonic::server::NamedService::NAME).
 #[derive(Clone, Default)]
 pub(crate) struct Direct {
     by_name: Arc<HashMap<&'static str, DirectService>>,
@@ -39,26 +37,11 @@ impl std::fmt::Debug for Direct {
 }
 
 impl Direct {
-    /// Adds `svc` under its name. Callers add the same service to the
-    /// router, which refuses (panics on) a second service of one name, so
-    /// the two never disagree.
-    pub(crate) fn add<S>(&mut self, svc: S)
-    where
-        S: Service<http::Request<Body>, Error = Infallible>
-            + NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Response: axum::response::IntoResponse,
-        S::Future: Send + 'static,
-    {
-        // The same conversion tonic's router makes (`IntoResponse`, then
-        // tonic's body), so a handler's response reaches the call exactly
-        // as it did through the router.
-        let svc =
-            svc.map_response(|r| axum::response::IntoResponse::into_response(r).map(Body::new));
-        Arc::make_mut(&mut self.by_name).insert(S::NAME, BoxCloneSyncService::new(svc));
+    /// Adds `svc` under `name` (its [`NamedService::NAME`](tonic::server::NamedService::NAME)). The caller
+    /// adds the same service to the router, which refuses (panics on) a
+    /// second service of one name, so the two never disagree.
+    pub(crate) fn add(&mut self, name: &'static str, svc: DirectService) {
+        Arc::make_mut(&mut self.by_name).insert(name, svc);
     }
 
     /// The service a call to `path` (`/package.Service/Method`) goes to, if
@@ -80,6 +63,8 @@ impl Direct {
 mod tests {
     use super::*;
     use std::task::{Context, Poll};
+    use tonic::server::NamedService;
+    use tower::{Service, ServiceExt};
 
     #[derive(Clone)]
     struct Named(&'static str);
@@ -107,7 +92,7 @@ mod tests {
     async fn finds_a_service_by_the_name_in_the_path_only() {
         let mut d = Direct::default();
         assert!(d.get("/pkg.Svc/Method").is_none(), "nothing added yet");
-        d.add(Named("first"));
+        d.add(Named::NAME, BoxCloneSyncService::new(Named("first")));
         let mut svc = d.get("/pkg.Svc/Method").expect("by name");
         let r = svc
             .ready()

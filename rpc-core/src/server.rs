@@ -23,6 +23,7 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::service::Routes;
 use tonic::{Code, Status};
+use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
 /// Server configuration; [`Server::builder`] (or `Server::default()`, the
@@ -160,12 +161,7 @@ impl Server {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        let router = Router {
-            server: self,
-            routes: Routes::default(),
-            direct: Direct::default(),
-        };
-        router.add_optional_service(svc)
+        self.add_routes(Routes::default()).add_optional_service(svc)
     }
 
     /// Serves already built routes (as tonic's `Server::add_routes`).
@@ -229,13 +225,7 @@ impl Server {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        let mut direct = Direct::default();
-        direct.add(svc.clone());
-        Router {
-            server: self,
-            routes: Routes::new(svc),
-            direct,
-        }
+        self.add_routes(Routes::default()).add_service(svc)
     }
 }
 
@@ -262,7 +252,13 @@ impl Router {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        self.direct.add(svc.clone());
+        // The same conversion tonic's router makes (`IntoResponse`, then
+        // tonic's body), so a handler's response reaches the call exactly as
+        // it does through the router.
+        let direct = svc
+            .clone()
+            .map_response(|r| axum::response::IntoResponse::into_response(r).map(Body::new));
+        self.direct.add(S::NAME, BoxCloneSyncService::new(direct));
         self.routes = self.routes.add_service(svc);
         self
     }
