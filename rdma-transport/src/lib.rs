@@ -12,6 +12,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
+pub mod arena;
 mod config;
 mod conn;
 pub mod engine;

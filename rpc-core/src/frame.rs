@@ -6,6 +6,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
+use rdma_transport::arena;
 use std::time::Duration;
 
 /// Protocol version carried in HELLO (§1.1). A peer with another major version is refused.
@@ -306,18 +307,18 @@ pub fn encode_open(
 ) -> Result<Bytes, MetadataError> {
     check_metadata(md, limit)?;
     let (mdlen, _) = metadata_size(md);
-    let mut b = BytesMut::with_capacity(HEADER_LEN + 8 + 2 + path.len() + mdlen);
-    header(
-        &mut b,
-        kind::OPEN,
-        if end_stream { FLAG_END_STREAM } else { 0 },
-        stream,
-    );
-    let micros = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
-    b.put_u64(micros);
-    put_string(&mut b, path);
-    put_metadata(&mut b, md)?;
-    Ok(b.freeze())
+    arena::build(HEADER_LEN + 8 + 2 + path.len() + mdlen, |b| {
+        header(
+            b,
+            kind::OPEN,
+            if end_stream { FLAG_END_STREAM } else { 0 },
+            stream,
+        );
+        let micros = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
+        b.put_u64(micros);
+        put_string(b, path);
+        put_metadata(b, md)
+    })
 }
 
 /// Encodes HEADERS or TRAILERS, after checking the metadata against the
@@ -331,37 +332,37 @@ pub fn encode_metadata_frame(
 ) -> Result<Bytes, MetadataError> {
     check_metadata(md, limit)?;
     let (mdlen, _) = metadata_size(md);
-    let mut b = BytesMut::with_capacity(HEADER_LEN + mdlen);
-    header(&mut b, kind, 0, stream);
-    put_metadata(&mut b, md)?;
-    Ok(b.freeze())
+    arena::build(HEADER_LEN + mdlen, |b| {
+        header(b, kind, 0, stream);
+        put_metadata(b, md)
+    })
 }
 
 /// Encodes DATA (copies `data` behind the header).
 pub fn encode_data(stream: u32, data: &[u8], end_stream: bool) -> Bytes {
-    let mut b = BytesMut::with_capacity(HEADER_LEN + data.len());
-    header(
-        &mut b,
-        kind::DATA,
-        if end_stream { FLAG_END_STREAM } else { 0 },
-        stream,
-    );
-    b.put_slice(data);
-    b.freeze()
+    small(HEADER_LEN + data.len(), |b| {
+        header(
+            b,
+            kind::DATA,
+            if end_stream { FLAG_END_STREAM } else { 0 },
+            stream,
+        );
+        b.put_slice(data);
+    })
 }
 
 /// The 6-byte header of a DATA frame whose payload is sent after it as a
 /// separate part (a gather, [`FrameSender::send_parts`](crate::conn::FrameSender::send_parts)):
 /// `encode_data_head(s, e) ++ data == encode_data(s, data, e)`.
 pub fn encode_data_head(stream: u32, end_stream: bool) -> Bytes {
-    let mut b = BytesMut::with_capacity(HEADER_LEN);
-    header(
-        &mut b,
-        kind::DATA,
-        if end_stream { FLAG_END_STREAM } else { 0 },
-        stream,
-    );
-    b.freeze()
+    small(HEADER_LEN, |b| {
+        header(
+            b,
+            kind::DATA,
+            if end_stream { FLAG_END_STREAM } else { 0 },
+            stream,
+        )
+    })
 }
 
 /// Encodes RESET.
@@ -394,19 +395,30 @@ pub fn encode_goaway(last_stream: u32, code: u32, message: &str) -> Bytes {
 /// Encodes BATCH: each frame behind its u32 length (§1.7).
 pub fn encode_batch(frames: &[Bytes]) -> Bytes {
     let len = HEADER_LEN + frames.iter().map(|f| 4 + f.len()).sum::<usize>();
-    let mut b = batch_with_capacity(len);
-    for f in frames {
-        put_batch_part(&mut b, f);
-    }
-    b.freeze()
+    batch_with(len, |b| {
+        for f in frames {
+            put_batch_part(b, f);
+        }
+    })
 }
 
-/// A BATCH being built (§1.7): its header, with room for `len` bytes in all;
-/// [`put_batch_part`] appends each frame.
-pub fn batch_with_capacity(len: usize) -> BytesMut {
-    let mut b = BytesMut::with_capacity(len);
-    header(&mut b, kind::BATCH, 0, 0);
-    b
+/// A BATCH of about `len` bytes (§1.7): its header, then `parts` appends
+/// each frame with [`put_batch_part`].
+pub fn batch_with(len: usize, parts: impl FnOnce(&mut BytesMut)) -> Bytes {
+    small(len, |b| {
+        header(b, kind::BATCH, 0, 0);
+        parts(b);
+    })
+}
+
+/// A frame written by `f`, of about `len` bytes: small frames share the
+/// thread's buffer ([`rdma_transport::arena`]) instead of an allocation each.
+fn small(len: usize, f: impl FnOnce(&mut BytesMut)) -> Bytes {
+    arena::build(len, |b| {
+        f(b);
+        Ok::<(), std::convert::Infallible>(())
+    })
+    .unwrap_or_else(|e| match e {})
 }
 
 /// Appends one frame to a BATCH behind its u32 length (§1.7). The caller

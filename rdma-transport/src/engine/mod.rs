@@ -785,7 +785,9 @@ impl Engine {
                         carried: len - HDR_LEN,
                     });
                 }
-                let msg = Bytes::copy_from_slice(&bufs.recv_slot(slot)[HDR_LEN..len]);
+                // Copied out of the slot so it can be reposted now; small
+                // messages into the thread's arena (no allocation each).
+                let msg = crate::arena::copy(&bufs.recv_slot(slot)[HDR_LEN..len]);
                 self.counters.msgs_recv += 1;
                 self.counters.bytes_recv += msg.len() as u64;
                 self.events.push_back(Event::Message(msg));

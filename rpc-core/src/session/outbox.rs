@@ -269,15 +269,16 @@ fn take_message(queue: &mut VecDeque<Out>, batch_max: usize) -> Out {
     }
     // Encoded straight into the BATCH (as `frame::encode_batch` does), with
     // no list of the parts in between.
-    let mut b = frame::batch_with_capacity(size);
     let mut budget = first.budget;
-    frame::put_batch_part(&mut b, &first.msg);
-    for o in queue.drain(..n) {
-        budget = budget.saturating_add(o.budget);
-        frame::put_batch_part(&mut b, &o.msg);
-    }
+    let msg = frame::batch_with(size, |b| {
+        frame::put_batch_part(b, &first.msg);
+        for o in queue.drain(..n) {
+            budget = budget.saturating_add(o.budget);
+            frame::put_batch_part(b, &o.msg);
+        }
+    });
     Out {
-        msg: b.freeze(),
+        msg,
         body: Bytes::new(),
         budget,
     }

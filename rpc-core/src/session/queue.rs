@@ -9,6 +9,7 @@
 
 use super::Inbound;
 use crate::window::SendWindow;
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -75,24 +76,93 @@ impl Queue {
     }
 }
 
+impl Queue {
+    fn new(initial_window: u32) -> Queue {
+        Queue {
+            state: Mutex::new(State {
+                items: Items::default(),
+                waker: None,
+                senders: 1,
+                rx_alive: true,
+            }),
+            window: SendWindow::new(initial_window),
+        }
+    }
+}
+
+/// Queues whose call ended, kept for the next calls made on this thread.
+const POOL_MAX: usize = 32;
+
+thread_local! {
+    /// Ended calls' queues, emptied, each held by nothing else: a steady
+    /// stream of calls reuses them instead of allocating one per call.
+    static POOL: RefCell<Vec<Arc<Queue>>> = const { RefCell::new(Vec::new()) };
+}
+
 /// Creates a call's queue, with its send window of `initial_window` bytes
-/// (`docs/wire-protocol.md` §1.4).
+/// (`docs/wire-protocol.md` §1.4); the allocation of an ended call's queue
+/// is reused when this thread has one.
 pub(crate) fn channel(initial_window: u32) -> (InboundTx, InboundRx, CallWindow) {
-    let q = Arc::new(Queue {
-        state: Mutex::new(State {
-            items: Items::default(),
-            waker: None,
-            senders: 1,
-            rx_alive: true,
-        }),
-        window: SendWindow::new(initial_window),
-    });
-    (InboundTx(q.clone()), InboundRx(q.clone()), CallWindow(q))
+    let reused = POOL
+        .try_with(|p| p.try_borrow_mut().ok().and_then(|mut p| p.pop()))
+        .ok()
+        .flatten();
+    let q = match reused {
+        Some(mut q) => match Arc::get_mut(&mut q) {
+            Some(inner) => {
+                *inner = Queue::new(initial_window);
+                q
+            }
+            // Unreachable (the pool holds the only reference), but cheap.
+            None => Arc::new(Queue::new(initial_window)),
+        },
+        None => Arc::new(Queue::new(initial_window)),
+    };
+    (
+        InboundTx(Handle(Some(q.clone()))),
+        InboundRx(Handle(Some(q.clone()))),
+        CallWindow(Handle(Some(q))),
+    )
+}
+
+/// One reference to a call's queue; the last one to go puts the queue's
+/// allocation back into the thread's pool.
+#[derive(Clone)]
+struct Handle(Option<Arc<Queue>>);
+
+impl std::ops::Deref for Handle {
+    type Target = Queue;
+    fn deref(&self) -> &Queue {
+        // `None` only inside `drop`.
+        self.0.as_deref().expect("queue handle used after drop")
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let Some(mut q) = self.0.take() else { return };
+        // Another handle is left (or two are dropped at once on two threads
+        // and neither sees itself last: then the queue is simply freed).
+        let Some(inner) = Arc::get_mut(&mut q) else {
+            return;
+        };
+        // Emptied now: what a dead call left queued may be large.
+        let s = inner.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        s.items = Items::default();
+        s.waker = None;
+        let _ = POOL.try_with(move |p| {
+            if let Ok(mut p) = p.try_borrow_mut() {
+                if p.len() < POOL_MAX {
+                    p.push(q);
+                }
+            }
+        });
+    }
 }
 
 /// A call's send window (shared with its queue's allocation).
 #[derive(Clone)]
-pub(crate) struct CallWindow(Arc<Queue>);
+pub(crate) struct CallWindow(Handle);
 
 impl std::ops::Deref for CallWindow {
     type Target = SendWindow;
@@ -108,7 +178,7 @@ impl std::fmt::Debug for CallWindow {
 }
 
 /// The reader's end of a call's queue.
-pub(crate) struct InboundTx(Arc<Queue>);
+pub(crate) struct InboundTx(Handle);
 
 impl InboundTx {
     /// Queues `m`; gives it back when the receiver is gone.
@@ -153,7 +223,7 @@ impl std::fmt::Debug for InboundTx {
 }
 
 /// The call's end of its queue.
-pub(crate) struct InboundRx(Arc<Queue>);
+pub(crate) struct InboundRx(Handle);
 
 impl InboundRx {
     /// The next item; `None` once every sender is gone and the queue is empty.
@@ -258,6 +328,34 @@ mod tests {
             next_out += 1;
         }
         assert_eq!(next_in, next_out, "every item came out once");
+    }
+
+    #[test]
+    fn an_ended_calls_queue_is_reused_empty_and_a_live_one_never() {
+        fn addr(w: &CallWindow) -> *const Queue {
+            &*w.0
+        }
+        let (tx, rx, w) = channel(10);
+        tx.send(data(b"left behind")).unwrap();
+        let first = addr(&w);
+        let w2 = w.clone();
+        drop((tx, rx, w));
+        // One handle left: the queue is not free.
+        let (tx_b, mut rx_b, w_b) = channel(20);
+        assert_ne!(addr(&w_b), first, "a queue still referenced was reused");
+        drop(w2);
+        // Now it is: the next call gets it, empty and with its own window.
+        let (tx_c, mut rx_c, w_c) = channel(30);
+        assert_eq!(addr(&w_c), first, "the ended call's queue was not reused");
+        assert!(rx_c.try_recv().is_none(), "a reused queue starts empty");
+        assert_eq!(format!("{w_c:?}"), format!("{:?}", SendWindow::new(30)));
+        tx_c.send(data(b"c")).unwrap();
+        tx_b.send(data(b"b")).unwrap();
+        assert!(matches!(rx_c.try_recv(), Some(Inbound::Data(b)) if &b[..] == b"c"));
+        assert!(matches!(rx_b.try_recv(), Some(Inbound::Data(b)) if &b[..] == b"b"));
+        drop(tx_c);
+        assert!(rx_c.try_recv().is_none());
+        drop((tx_b, rx_b, w_b, rx_c, w_c));
     }
 
     #[test]
