@@ -118,6 +118,12 @@ if [ "${1:-}" = "--in-vm" ]; then
       --poll-mode spin >"$OUT/pingpong_${rt}_spin.txt" 2>&1 ||
       echo "rdma_pingpong $rt spin failed: see $OUT/pingpong_${rt}_spin.txt" >&2
     grep PINGPONG "$OUT/pingpong_${rt}_spin.txt" >&2 || true
+    # Polling mode, answered from the inline handler on the driver (no task
+    # between the completion and the reply, as rpc-core's sessions run).
+    timeout 120 "$PINGPONG" --loopback "$SOFTROCE_IP" --iters 1000 --bw-iters 0 --runtime "$rt" \
+      --poll-mode spin --deliver inline >"$OUT/pingpong_${rt}_spin_inline.txt" 2>&1 ||
+      echo "rdma_pingpong $rt spin inline failed: see $OUT/pingpong_${rt}_spin_inline.txt" >&2
+    grep PINGPONG "$OUT/pingpong_${rt}_spin_inline.txt" >&2 || true
   done
   # The small call on the other layers: memory path and current_thread runtime.
   echo "--- bench, small calls: memory path; current_thread runtime" >&2
@@ -647,6 +653,8 @@ if mode in ("vm", "decomp", "all", "report") and os.path.exists(os.path.join(out
     row("`rdma_pingpong`, `current_thread` runtime", pingpong("current"))
     row("`rdma_pingpong`, multi-thread, polling mode (`PollMode::Spin`)", pingpong("multi_spin"))
     row("`rdma_pingpong`, `current_thread`, polling mode", pingpong("current_spin"))
+    row("`rdma_pingpong`, multi-thread, polling mode, inline delivery (`--deliver inline`)", pingpong("multi_spin_inline"))
+    row("`rdma_pingpong`, `current_thread`, polling mode, inline delivery", pingpong("current_spin_inline"))
     c = cell(vm, "rdma", 64, 1)
     row("bench, full gRPC call over RDMA (multi-thread, as shipped)", c and c["p50_us"], c, strace_per_call("vm", "rdma", st_vm_calls))
     c = cell(ct, "rdma", 64, 1)
@@ -672,7 +680,7 @@ if mode in ("vm", "decomp", "all", "report") and os.path.exists(os.path.join(out
     r1, t1 = cell(vm, "rdma", 64, 1), cell(vm, "tonic-tcp", 64, 1)
     if r1 and rtt:
         s.append(f"| rdma p50 / perftest polling RTT, 64 B | ≤ 3× | {fmt_us(r1['p50_us'])} / {fmt_us(rtt)} = {x(r1['p50_us'], rtt, 1)} |")
-    for rt in ("multi", "current", "multi_spin", "current_spin"):
+    for rt in ("multi", "current", "multi_spin", "current_spin", "multi_spin_inline", "current_spin_inline"):
         pp = pingpong(rt)
         if pp and rtt:
             s.append(f"| rdma_pingpong ({rt}) p50 / perftest polling RTT | ≤ 1.5× | {fmt_us(pp)} / {fmt_us(rtt)} = {x(pp, rtt, 1)} |")

@@ -55,6 +55,9 @@ fi
 check "rdma_pingpong example (rdma-transport API, both ends in one process)" \
   timeout 120 "$BIN/examples/rdma_pingpong" --loopback "$SOFTROCE_IP"
 echo "$out" | tail -3
+check "rdma_pingpong, both ends answering from the inline handler, polling mode (every pong checked)" \
+  timeout 120 "$BIN/examples/rdma_pingpong" --loopback "$SOFTROCE_IP" --deliver inline --poll-mode spin --iters 500
+echo "$out" | grep PINGPONG
 run "behaviour suite over RDMA (all call kinds, 64 MiB, 1000 calls, deadlines, cancel, builder options, balance: $BALANCE_CALLS calls, re-probe, same-port RDMA)" \
   quiet timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --test-threads=1
 if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
