@@ -6,6 +6,8 @@
 # in flight, rdma and tonic-tcp), then, with this checkout only: SEND vs
 # WRITE-with-immediate notification, the rendezvous sweep (buffer size x
 # count, 1 MiB x 1 and x 8), echo both ways and client/server streaming.
+# BULK_MAIN_ONLY=1 stops after the main rounds (for the further boots of a
+# median over boots).
 # Run: ../shared/softroce/run-in-softroce-vm.sh scripts/bench-bulk.sh
 # Output: $BULK_OUT (default target/bench-bulk), one file per run; the table
 # generator is scripts/bench-bulk-table.py.
@@ -31,6 +33,7 @@ for r in 1 2; do
   [ -n "$BEFORE" ] && run "before-$r" "$BEFORE" "${MAIN[@]}"
   run "after-$r" "$AFTER" "${MAIN[@]}"
 done
+if [ -n "${BULK_MAIN_ONLY:-}" ]; then uptime > "$O/uptime1.txt"; exit 0; fi
 bw 1048576 50 -b
 SW=(--paths rdma --payloads 1m --inflight 1,8 --duration-ms 1500)
 run "notify-send" "$AFTER" "${SW[@]}" --no-write-imm

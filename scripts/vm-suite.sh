@@ -119,10 +119,12 @@ check "benchmark smoke over RDMA (no timings asserted)" \
 
 # Issue 14's scale benchmark at a small count (the docs run goes to 2000:
 # scripts/bench-scale.sh): connections open, every call succeeds, and it
-# prints the registered bytes per connection of the server and the client.
-check "scale smoke: 100 RDMA connections to one server (no timings asserted)" \
+# prints the registered bytes per connection of the server and the client;
+# then back to one connection (the control row).
+check "scale smoke: 100 RDMA connections to one server, then back to one (no timings asserted)" \
   bash -c "timeout 300 $BIN/scale client --addr $SOFTROCE_IP:0 --steps 10,100 --concurrency 8 \
-    --idle-secs 2 --lat-iters 200 --first-warmup 100 --bw-iters 4 > $LOG/scale.out 2>&1; rc=\$?; \
+    --idle-secs 2 --lat-iters 200 --first-warmup 100 --bw-iters 4 --bw-rounds 2 --return-to-one \
+    > $LOG/scale.out 2>&1; rc=\$?; \
     grep -E '^\|' $LOG/scale.out; tail -1 $LOG/scale.out; exit \$rc"
 
 echo "vm: suite wall time $((SECONDS-T0)) s"

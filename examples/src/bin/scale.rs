@@ -76,7 +76,7 @@ enum Role {
     /// The echo server; answers `stats` lines on stdin with a JSON line.
     Server(ServerArgs),
     /// Opens connections in steps and measures (starts the server itself).
-    Client(ClientArgs),
+    Client(Box<ClientArgs>),
 }
 
 #[derive(ClapArgs, Debug)]
@@ -139,6 +139,16 @@ struct ClientArgs {
     /// Calls in flight for the bandwidth figures (on the one connection).
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     bw_inflight: Vec<usize>,
+    /// Bandwidth figures per step, each of --bw-iters calls, the --bw-inflight
+    /// values interleaved; the table shows their median and range (single
+    /// figures of one cell move by ±25 % in the emulated VM).
+    #[arg(long, default_value_t = 1)]
+    bw_rounds: usize,
+    /// After the last step, close every connection but the first (the one the
+    /// 1-connection figures ran on) and measure again: a control for drift
+    /// over the run, and registered memory back at one connection's.
+    #[arg(long)]
+    return_to_one: bool,
     /// A call without a reply after this long counts as failed.
     #[arg(long, default_value_t = 30_000)]
     call_timeout_ms: u64,
@@ -180,7 +190,7 @@ fn main() {
     };
     let r = match cli.role {
         Role::Server(a) => rt.block_on(server_main(a)),
-        Role::Client(a) => rt.block_on(client_main(a)),
+        Role::Client(a) => rt.block_on(client_main(*a)),
     };
     if let Err(e) = r {
         eprintln!("scale: {e}");
@@ -543,6 +553,8 @@ struct Background {
 struct Step {
     /// The count this step aimed at.
     target: usize,
+    /// The `--return-to-one` control step (back at 1 after the last step).
+    control: bool,
     /// Connections open at the end of the step.
     connections: usize,
     /// Opened during this step.
@@ -876,6 +888,60 @@ async fn bandwidth(
     })
 }
 
+/// The step's bandwidth figures on `c` (pool index `pick`): `--bw-rounds`
+/// rounds of every `--bw-inflight` value.
+async fn measure_bandwidth(
+    a: &ClientArgs,
+    c: &Client,
+    pick: usize,
+    first: bool,
+    timeout: Duration,
+    step: &mut Step,
+) {
+    let target = step.target;
+    for round in 0..a.bw_rounds.max(1) {
+        for &k in &a.bw_inflight {
+            let warmup = if first && round == 0 {
+                (a.first_warmup / 100).max(1)
+            } else {
+                1
+            };
+            if let Some(b) = bandwidth(c, a.bw_iters, k, warmup, timeout, step).await {
+                eprintln!(
+                    "scale: step {target}: 1 MiB x {k} on connection {}: {:.1} MB/s ({} calls in {:.2} s)",
+                    pick + 1,
+                    b.mb_per_s,
+                    b.calls,
+                    b.secs
+                );
+                step.bandwidth.push(b);
+            }
+        }
+    }
+}
+
+/// Median of the step's figures at `k` in flight, with their range when
+/// there are several.
+fn bandwidth_median(s: &Step, k: usize) -> Option<(f64, f64, f64, usize)> {
+    let mut v: Vec<f64> = s
+        .bandwidth
+        .iter()
+        .filter(|x| x.inflight == k)
+        .map(|x| x.mb_per_s)
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let med = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
+    Some((med, v[0], v[n - 1], n))
+}
+
 async fn client_main(a: ClientArgs) -> Result<(), String> {
     let (soft, hard) = fd_limits();
     let max_step = a.steps.iter().copied().max().unwrap_or(1);
@@ -1086,23 +1152,7 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
                 l.calls
             );
         }
-        for &k in &a.bw_inflight {
-            let warmup = if first {
-                (a.first_warmup / 100).max(1)
-            } else {
-                1
-            };
-            if let Some(b) = bandwidth(&c, a.bw_iters, k, warmup, timeout, &mut step).await {
-                eprintln!(
-                    "scale: step {target}: 1 MiB x {k} on connection {}: {:.1} MB/s ({} calls in {:.2} s)",
-                    pick + 1,
-                    b.mb_per_s,
-                    b.calls,
-                    b.secs
-                );
-                step.bandwidth.push(b);
-            }
-        }
+        measure_bandwidth(&a, &c, pick, first, timeout, &mut step).await;
         for e in &step.errors {
             eprintln!("scale: step {target}: FAILED: {e}");
         }
@@ -1111,6 +1161,67 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
         if stop {
             break;
         }
+    }
+
+    if a.return_to_one && fatal.is_none() && pool.len() > 1 {
+        // The control: back to the first connection alone, measured once
+        // the closed connections are torn down (their teardown is CPU work
+        // that would otherwise land in the figures): registered memory back
+        // to within twice the 1-connection step's, on both sides, or 60 s.
+        pool.truncate(1);
+        let settle = Instant::now();
+        let one = |s: &Step| (s.server.as_ref().map(|x| x.registered_bytes), s.client.registered_bytes);
+        let (one_server, one_client) = one(&steps[0]);
+        let mut step = Step {
+            target: 1,
+            control: true,
+            connections: 1,
+            measured_connection: Some(0),
+            ..Default::default()
+        };
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            step.client = proc_figures();
+            match server_stats(&mut server) {
+                Ok(s) => step.server = s,
+                Err(e) => {
+                    step.errors.push(format!("server figures: {e}"));
+                    break;
+                }
+            }
+            let server_back = match (&step.server, one_server) {
+                (Some(s), Some(o)) => s.registered_bytes <= 2 * o,
+                _ => true,
+            };
+            if (server_back && step.client.registered_bytes <= 2 * one_client)
+                || settle.elapsed() > Duration::from_secs(60)
+            {
+                break;
+            }
+        }
+        step.setup_secs = settle.elapsed().as_secs_f64();
+        eprintln!(
+            "scale: back at 1 connection after {:.1} s: server registered {}, client registered {}",
+            step.setup_secs,
+            step.server.as_ref().map_or("n/a".into(), |s| human_bytes(s.registered_bytes as f64)),
+            human_bytes(step.client.registered_bytes as f64)
+        );
+        let c = pool[0].clone();
+        let warmup = (a.lat_iters / 10).clamp(1, 50);
+        step.latency = latency(&c, warmup, a.lat_iters, timeout, &mut step).await;
+        if let Some(l) = &step.latency {
+            eprintln!(
+                "scale: back at 1 connection: 64 B p50 {} p99 {} ({} calls)",
+                lat(l.p50_us),
+                lat(l.p99_us),
+                l.calls
+            );
+        }
+        measure_bandwidth(&a, &c, 0, false, timeout, &mut step).await;
+        for e in &step.errors {
+            eprintln!("scale: back at 1 connection: FAILED: {e}");
+        }
+        steps.push(step);
     }
 
     let table = render(
@@ -1169,8 +1280,13 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
             ));
         }
     }
-    let reached = steps.last().map_or(0, |s| s.connections);
-    if steps.len() < targets.len() && why.is_empty() {
+    let stepped = steps.iter().filter(|s| !s.control).count();
+    let reached = steps
+        .iter()
+        .rev()
+        .find(|s| !s.control)
+        .map_or(0, |s| s.connections);
+    if stepped < targets.len() && why.is_empty() {
         why.push(format!("stopped at {reached} connections"));
     }
     if let Some(e) = out_err {
@@ -1271,13 +1387,15 @@ fn render(
         out,
         "Per step: background traffic (each connection one 64 B call every ~{} ms, jittered, for {} s), \
          then on one connection of the pool: 64 B latency ({} calls, one in flight, the others idle) and \
-         1 MiB request bandwidth ({} calls; reply 1 byte). Ratios are to the 1-connection row. \
+         1 MiB request bandwidth ({} calls per figure, {} figure(s) per step: median [range]; reply 1 byte). \
+         Ratios are to the 1-connection row. \
          Registered per connection = (registered - registered with 0 connections) / N.",
         a.call_interval_ms,
         a.idle_secs
             .unwrap_or(a.call_interval_ms as f64 / 1e3),
         a.lat_iters,
-        a.bw_iters
+        a.bw_iters,
+        a.bw_rounds.max(1)
     );
     let _ = writeln!(
         out,
@@ -1293,7 +1411,9 @@ fn render(
     let _ = writeln!(out, "{head}\n{rule}");
     let base = steps.first();
     for s in steps {
-        let conns = if s.stopped.is_some() {
+        let conns = if s.control {
+            format!("1 (back, control; after {:.0} s)", s.setup_secs)
+        } else if s.stopped.is_some() {
             format!("{} (of {}: stopped)", s.connections, s.target)
         } else {
             s.connections.to_string()
@@ -1330,14 +1450,18 @@ fn render(
             None => out.push_str(" – | – |"),
         }
         for &k in &a.bw_inflight {
-            let bb = base.and_then(|b| b.bandwidth.iter().find(|x| x.inflight == k));
-            match s.bandwidth.iter().find(|x| x.inflight == k) {
-                Some(x) => {
+            let bb = base.and_then(|b| bandwidth_median(b, k));
+            match bandwidth_median(s, k) {
+                Some((med, lo, hi, n)) => {
+                    let range = if n > 1 {
+                        format!(" [{lo:.1}–{hi:.1}]")
+                    } else {
+                        String::new()
+                    };
                     let _ = write!(
                         out,
-                        " {:.1} ({}) |",
-                        x.mb_per_s,
-                        bb.map_or("–".into(), |b| ratio(x.mb_per_s, b.mb_per_s))
+                        " {med:.1}{range} ({}) |",
+                        bb.map_or("–".into(), |b| ratio(med, b.0))
                     );
                 }
                 None => out.push_str(" – |"),
