@@ -1170,7 +1170,12 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
         // to within twice the 1-connection step's, on both sides, or 60 s.
         pool.truncate(1);
         let settle = Instant::now();
-        let one = |s: &Step| (s.server.as_ref().map(|x| x.registered_bytes), s.client.registered_bytes);
+        let one = |s: &Step| {
+            (
+                s.server.as_ref().map(|x| x.registered_bytes),
+                s.client.registered_bytes,
+            )
+        };
         let (one_server, one_client) = one(&steps[0]);
         let mut step = Step {
             target: 1,
@@ -1203,7 +1208,9 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
         eprintln!(
             "scale: back at 1 connection after {:.1} s: server registered {}, client registered {}",
             step.setup_secs,
-            step.server.as_ref().map_or("n/a".into(), |s| human_bytes(s.registered_bytes as f64)),
+            step.server
+                .as_ref()
+                .map_or("n/a".into(), |s| human_bytes(s.registered_bytes as f64)),
             human_bytes(step.client.registered_bytes as f64)
         );
         let c = pool[0].clone();
