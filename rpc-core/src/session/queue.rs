@@ -90,8 +90,11 @@ impl Queue {
     }
 }
 
-/// Queues whose call ended, kept for the next calls made on this thread.
-const POOL_MAX: usize = 32;
+/// Queues whose call ended, kept for the next calls made on this thread: a
+/// few, since each holds its ring of items in place (about 1 KiB), and what
+/// the pool keeps stays allocated for the thread's life. A connection that
+/// calls one at a time reuses one or two.
+const POOL_MAX: usize = 4;
 
 thread_local! {
     /// Ended calls' queues, emptied, each held by nothing else: a steady
