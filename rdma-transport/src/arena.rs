@@ -1,10 +1,9 @@
 //! Small [`Bytes`] without an allocation each.
 //!
 //! A call makes a handful of small byte strings: the frames it sends (tens to
-//! hundreds of bytes, copied into a send slot right after) and the messages
-//! it receives (copied out of a receive slot, then sliced into frames). Each
-//! used to be its own heap allocation, and slicing a `Bytes` made from a
-//! `Vec` allocated once more (its shared header). Here they are carved out of
+//! hundreds of bytes, copied into a send slot right after). Each used to be
+//! its own heap allocation, and slicing a `Bytes` made from a `Vec`
+//! allocated once more (its shared header). Here they are carved out of
 //! a buffer of [`CHUNK`] bytes per thread instead, as `BytesMut::split` does:
 //! every piece is a `Bytes` sharing that buffer, slicing and cloning it only
 //! count references, and once every piece of the buffer was dropped the
@@ -12,10 +11,13 @@
 //! therefore allocates nothing here in steady state.
 //!
 //! **Memory.** A piece that is kept keeps its whole buffer: at most
-//! [`CHUNK`] bytes per live piece, against the piece's own size before (the
-//! same trade-off as hyper's and h2's read buffers, whose header values also
-//! slice them). Pieces larger than [`MAX_PIECE`] get an allocation of their
-//! own, so a buffer always holds at least four pieces.
+//! [`CHUNK`] bytes per live piece, against the piece's own size. That suits
+//! what lives for a moment (an outgoing frame until it is posted), not what
+//! someone else decides to keep: received messages are not carved from here,
+//! since a header value or a queued frame kept by a slow handler would hold
+//! a whole buffer each, and a peer sending many small messages could
+//! multiply the memory it holds on us. Pieces larger than [`MAX_PIECE`] get
+//! an allocation of their own, so a buffer always holds at least four.
 
 use bytes::{Bytes, BytesMut};
 use std::cell::RefCell;

@@ -411,6 +411,15 @@ pub fn batch_with(len: usize, parts: impl FnOnce(&mut BytesMut)) -> Bytes {
     })
 }
 
+/// As [`batch_with`], in a buffer of its own (for a message that may wait:
+/// not a piece of the thread's frame buffer, which it would keep alive).
+pub fn batch_owned(len: usize, parts: impl FnOnce(&mut BytesMut)) -> Bytes {
+    let mut b = BytesMut::with_capacity(len);
+    header(&mut b, kind::BATCH, 0, 0);
+    parts(&mut b);
+    b.freeze()
+}
+
 /// A frame written by `f`, of about `len` bytes: small frames share the
 /// thread's buffer ([`rdma_transport::arena`]) instead of an allocation each.
 fn small(len: usize, f: impl FnOnce(&mut BytesMut)) -> Bytes {

@@ -65,6 +65,26 @@ struct Out {
     msg: Bytes,
     body: Bytes,
     budget: u32,
+    /// `msg` is in a buffer of its own, not a piece of the thread's frame
+    /// buffer (see [`Out::own`]).
+    owned: bool,
+}
+
+impl Out {
+    /// Small frames are encoded into the thread's shared frame buffer
+    /// ([`rdma_transport::arena`]), where a piece that waits keeps the whole
+    /// buffer alive. A frame that waits behind a busy writer (a
+    /// back-pressured connection: the peer does not take more) gets a
+    /// buffer of its own first, so what a stalled peer makes us hold is
+    /// bounded by the frames' own sizes, as it was before that buffer.
+    fn own(&mut self) {
+        if !self.owned {
+            if self.msg.len() <= rdma_transport::arena::CHUNK {
+                self.msg = Bytes::copy_from_slice(&self.msg);
+            }
+            self.owned = true;
+        }
+    }
 }
 
 struct Inner {
@@ -139,8 +159,16 @@ impl Outbox {
             msg: head,
             body,
             budget,
+            owned: false,
         });
         let sent = if flush { self.flush(&mut inner) } else { None };
+        if inner.idle.is_none() {
+            // The writer is busy (it holds the sender across a send the
+            // connection is not ready for): this frame will wait.
+            if let Some(o) = inner.queue.back_mut() {
+                o.own();
+            }
+        }
         let queued = !inner.queue.is_empty();
         drop(inner);
         if queued {
@@ -155,7 +183,9 @@ impl Outbox {
         let mut total = 0u32;
         let mut result = Ok(());
         while !inner.queue.is_empty() {
-            let Out { msg, body, budget } = take_message(&mut inner.queue, self.batch_max);
+            let Out {
+                msg, body, budget, ..
+            } = take_message(&mut inner.queue, self.batch_max, true);
             match tx.try_send(msg, body) {
                 Ok(r) => {
                     total = total.saturating_add(budget);
@@ -167,7 +197,12 @@ impl Outbox {
                 Err((msg, body)) => {
                     // Back-pressured: the writer waits for room. The message
                     // may already be a BATCH; `take_message` never nests it.
-                    inner.queue.push_front(Out { msg, body, budget });
+                    inner.queue.push_front(Out {
+                        msg,
+                        body,
+                        budget,
+                        owned: false,
+                    });
                     break;
                 }
             }
@@ -210,7 +245,14 @@ impl Outbox {
                     // Only the writer keeps the sender across an await, so
                     // it is idle here unless the connection was closed.
                     let tx = inner.idle.take();
-                    tx.map(|tx| (tx, take_message(&mut inner.queue, self.batch_max)))
+                    tx.map(|tx| {
+                        // What it sends and what waits behind it while it
+                        // awaits: in buffers of their own (`Out::own`).
+                        let mut out = take_message(&mut inner.queue, self.batch_max, false);
+                        out.own();
+                        inner.queue.iter_mut().for_each(Out::own);
+                        (tx, out)
+                    })
                 }
             };
             let Some((mut tx, out)) = next else {
@@ -242,13 +284,16 @@ impl Outbox {
 
 /// Pops the next connection message: the first queued frame, with the frames
 /// after it in one BATCH while they fit in `batch_max` (§1.7). A message that
-/// is already a BATCH (put back after back-pressure) leaves alone.
-fn take_message(queue: &mut VecDeque<Out>, batch_max: usize) -> Out {
+/// is already a BATCH (put back after back-pressure) leaves alone. A BATCH
+/// is built in the thread's frame buffer for a message sent at once
+/// (`shared`), in a buffer of its own for one that may wait.
+fn take_message(queue: &mut VecDeque<Out>, batch_max: usize, shared: bool) -> Out {
     let Some(first) = queue.pop_front() else {
         return Out {
             msg: Bytes::new(),
             body: Bytes::new(),
             budget: 0,
+            owned: true,
         };
     };
     let batchable = |o: &Out| o.body.is_empty() && o.msg.first() != Some(&frame::kind::BATCH);
@@ -270,17 +315,23 @@ fn take_message(queue: &mut VecDeque<Out>, batch_max: usize) -> Out {
     // Encoded straight into the BATCH (as `frame::encode_batch` does), with
     // no list of the parts in between.
     let mut budget = first.budget;
-    let msg = frame::batch_with(size, |b| {
+    let parts = |b: &mut bytes::BytesMut| {
         frame::put_batch_part(b, &first.msg);
         for o in queue.drain(..n) {
             budget = budget.saturating_add(o.budget);
             frame::put_batch_part(b, &o.msg);
         }
-    });
+    };
+    let msg = if shared {
+        frame::batch_with(size, parts)
+    } else {
+        frame::batch_owned(size, parts)
+    };
     Out {
         msg,
         body: Bytes::new(),
         budget,
+        owned: !shared,
     }
 }
 
@@ -347,6 +398,49 @@ mod tests {
             frame::encode_data(1, &payload, false)
         );
         assert_eq!(rx.recv().now_or_never_ready(), data(1, 2, true));
+    }
+
+    /// Frames that wait behind a busy writer do not keep pieces of the
+    /// thread's shared frame buffer alive: each is moved to a buffer of its
+    /// own (a stalled peer would otherwise make us hold a whole shared
+    /// buffer per waiting frame). Frames sent at once are not copied.
+    #[tokio::test(flavor = "current_thread")]
+    async fn frames_that_wait_behind_a_busy_writer_get_buffers_of_their_own() {
+        let (a, _b) = mem::pair();
+        let (tx, _) = a.split();
+        let out = Outbox::new(tx, 1024);
+        // Pushed while the sender is idle: queued as encoded (a piece of the
+        // thread's frame buffer), waiting for the flush that usually follows.
+        let f1 = data(1, 1, false);
+        let _ = out.push(f1.clone(), 1, false);
+        {
+            let inner = out.lock();
+            let q = inner.queue.back().unwrap();
+            assert!(!q.owned && q.msg.as_ptr() == f1.as_ptr(), "not copied");
+        }
+        // The writer takes the sender for a send that waits: the frame it
+        // sends and those queued behind it get their own buffers...
+        let (tx, taken) = {
+            let mut inner = out.lock();
+            let tx = inner.idle.take().unwrap();
+            let mut m = take_message(&mut inner.queue, 1024, false);
+            m.own();
+            inner.queue.iter_mut().for_each(Out::own);
+            (tx, m)
+        };
+        assert!(taken.owned && taken.msg == f1 && taken.msg.as_ptr() != f1.as_ptr());
+        // ...and so does every frame pushed while it is busy.
+        let f2 = data(1, 2, false);
+        assert!(matches!(
+            out.push(f2.clone(), 1, true),
+            Pushed::Sent(_) | Pushed::Queued
+        ));
+        {
+            let inner = out.lock();
+            let q = inner.queue.back().unwrap();
+            assert!(q.owned && q.msg == f2 && q.msg.as_ptr() != f2.as_ptr());
+        }
+        out.lock().idle = Some(tx);
     }
 
     /// Without BATCH support each frame leaves as its own message, in order.
