@@ -23,7 +23,7 @@ use bytes::{Bytes, BytesMut};
 use std::cell::RefCell;
 
 /// Bytes of each buffer pieces are carved from.
-pub const CHUNK: usize = 16 * 1024;
+pub const CHUNK: usize = 4 * 1024;
 
 /// Largest piece taken from the thread's buffer; a larger one is allocated
 /// on its own.
