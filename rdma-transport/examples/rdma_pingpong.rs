@@ -284,17 +284,13 @@ mod inline {
     /// Sends `m` from the handler: posted at once when the connection takes
     /// it, else by a task.
     fn send(tx: &Tx, m: Bytes) -> Result<(), Error> {
-        if let Ok(mut g) = tx.try_lock() {
-            match g.try_send_parts(Bytes::new(), m) {
+        let m = match tx.try_lock() {
+            Ok(mut g) => match g.try_send_parts(Bytes::new(), m) {
                 Ok(r) => return r,
-                Err((_, m)) => {
-                    drop(g);
-                    let tx = tx.clone();
-                    tokio::spawn(async move { tx.lock().await.send(m).await });
-                    return Ok(());
-                }
-            }
-        }
+                Err((_, m)) => m,
+            },
+            Err(_) => m,
+        };
         let tx = tx.clone();
         tokio::spawn(async move { tx.lock().await.send(m).await });
         Ok(())

@@ -34,10 +34,11 @@ thread_local! {
     static BUF: RefCell<BytesMut> = RefCell::new(BytesMut::new());
 }
 
-/// A copy of `src` (see the module docs).
-pub fn copy(src: &[u8]) -> Bytes {
-    build(src.len(), |b| {
-        b.extend_from_slice(src);
+/// A piece of about `len` bytes written by `f`, as [`build`] for a writer
+/// that cannot fail.
+pub fn fill(len: usize, f: impl FnOnce(&mut BytesMut)) -> Bytes {
+    build(len, |b| {
+        f(b);
         Ok::<(), std::convert::Infallible>(())
     })
     .unwrap_or_else(|e| match e {})
@@ -83,6 +84,10 @@ pub fn build<E>(len: usize, f: impl FnOnce(&mut BytesMut) -> Result<(), E>) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn copy(src: &[u8]) -> Bytes {
+        fill(src.len(), |b| b.extend_from_slice(src))
+    }
 
     #[test]
     fn pieces_are_independent_and_the_buffer_is_reused_once_they_are_gone() {

@@ -340,7 +340,7 @@ pub fn encode_metadata_frame(
 
 /// Encodes DATA (copies `data` behind the header).
 pub fn encode_data(stream: u32, data: &[u8], end_stream: bool) -> Bytes {
-    small(HEADER_LEN + data.len(), |b| {
+    arena::fill(HEADER_LEN + data.len(), |b| {
         header(
             b,
             kind::DATA,
@@ -355,7 +355,7 @@ pub fn encode_data(stream: u32, data: &[u8], end_stream: bool) -> Bytes {
 /// separate part (a gather, [`FrameSender::send_parts`](crate::conn::FrameSender::send_parts)):
 /// `encode_data_head(s, e) ++ data == encode_data(s, data, e)`.
 pub fn encode_data_head(stream: u32, end_stream: bool) -> Bytes {
-    small(HEADER_LEN, |b| {
+    arena::fill(HEADER_LEN, |b| {
         header(
             b,
             kind::DATA,
@@ -405,7 +405,7 @@ pub fn encode_batch(frames: &[Bytes]) -> Bytes {
 /// A BATCH of about `len` bytes (§1.7): its header, then `parts` appends
 /// each frame with [`put_batch_part`].
 pub fn batch_with(len: usize, parts: impl FnOnce(&mut BytesMut)) -> Bytes {
-    small(len, |b| {
+    arena::fill(len, |b| {
         header(b, kind::BATCH, 0, 0);
         parts(b);
     })
@@ -418,16 +418,6 @@ pub fn batch_owned(len: usize, parts: impl FnOnce(&mut BytesMut)) -> Bytes {
     header(&mut b, kind::BATCH, 0, 0);
     parts(&mut b);
     b.freeze()
-}
-
-/// A frame written by `f`, of about `len` bytes: small frames share the
-/// thread's buffer ([`rdma_transport::arena`]) instead of an allocation each.
-fn small(len: usize, f: impl FnOnce(&mut BytesMut)) -> Bytes {
-    arena::build(len, |b| {
-        f(b);
-        Ok::<(), std::convert::Infallible>(())
-    })
-    .unwrap_or_else(|e| match e {})
 }
 
 /// Appends one frame to a BATCH behind its u32 length (§1.7). The caller

@@ -1170,13 +1170,8 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
         // to within twice the 1-connection step's, on both sides, or 60 s.
         pool.truncate(1);
         let settle = Instant::now();
-        let one = |s: &Step| {
-            (
-                s.server.as_ref().map(|x| x.registered_bytes),
-                s.client.registered_bytes,
-            )
-        };
-        let (one_server, one_client) = one(&steps[0]);
+        let one_server = steps[0].server.as_ref().map(|x| x.registered_bytes);
+        let one_client = steps[0].client.registered_bytes;
         let mut step = Step {
             target: 1,
             control: true,

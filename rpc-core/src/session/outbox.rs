@@ -87,6 +87,18 @@ impl Out {
     }
 }
 
+impl Inner {
+    /// The writer's next message, taken with the sender for a send that may
+    /// wait: it and every frame queued behind it in buffers of their own
+    /// (`Out::own`).
+    fn take_for_writer(&mut self, batch_max: usize) -> Out {
+        let mut out = take_message(&mut self.queue, batch_max, false);
+        out.own();
+        self.queue.iter_mut().for_each(Out::own);
+        out
+    }
+}
+
 struct Inner {
     queue: VecDeque<Out>,
     /// The sender while nobody uses it; `None` while the writer awaits a send
@@ -245,14 +257,7 @@ impl Outbox {
                     // Only the writer keeps the sender across an await, so
                     // it is idle here unless the connection was closed.
                     let tx = inner.idle.take();
-                    tx.map(|tx| {
-                        // What it sends and what waits behind it while it
-                        // awaits: in buffers of their own (`Out::own`).
-                        let mut out = take_message(&mut inner.queue, self.batch_max, false);
-                        out.own();
-                        inner.queue.iter_mut().for_each(Out::own);
-                        (tx, out)
-                    })
+                    tx.map(|tx| (tx, inner.take_for_writer(self.batch_max)))
                 }
             };
             let Some((mut tx, out)) = next else {
@@ -423,10 +428,7 @@ mod tests {
         let (tx, taken) = {
             let mut inner = out.lock();
             let tx = inner.idle.take().unwrap();
-            let mut m = take_message(&mut inner.queue, 1024, false);
-            m.own();
-            inner.queue.iter_mut().for_each(Out::own);
-            (tx, m)
+            (tx, inner.take_for_writer(1024))
         };
         assert!(taken.owned && taken.msg == f1 && taken.msg.as_ptr() != f1.as_ptr());
         // ...and so does every frame pushed while it is busy.

@@ -74,9 +74,7 @@ impl Queue {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-impl Queue {
     fn new(initial_window: u32) -> Queue {
         Queue {
             state: Mutex::new(State {
