@@ -94,7 +94,9 @@ pub struct Config {
     /// inline). Default 128.
     pub max_inline_bytes: u32,
     /// Request a send completion at least every k-th work request
-    /// (selective signalling). Default 16; clamped to `send_slots / 2`.
+    /// (selective signalling). Default 16; clamped to half the send slots in
+    /// use at the time (`docs/wire-protocol-rdma.md` §7), so a ring that
+    /// started small always has slots coming back.
     pub signal_every: u32,
     /// Offer RDMA WRITE with immediate data for rendezvous chunk
     /// notifications (`docs/wire-protocol-rdma.md` §5.4): used when both

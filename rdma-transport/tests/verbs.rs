@@ -879,3 +879,62 @@ fn futures_are_send_static() {
     };
     check(&f);
 }
+
+/// The smallest rings the configuration allows (4 receive and 4 send slots
+/// at the start) still carry large messages both ways. A burst of small
+/// messages first makes the listener answer with control messages only (the
+/// first-message CREDIT, a GRANT that grows its ring, credit returns), which
+/// leaves three of its four send slots behind unsignalled SENDs; the
+/// client's first large message then needs the listener's RDV_GRANT, which
+/// needs two free slots (wire protocol §7: that stalled for ever before the
+/// signalling interval followed the ring in use).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smallest_rings_carry_large_messages() {
+    let Some(ip) = device_ip("smallest_rings_carry_large_messages") else {
+        return;
+    };
+    let cfg = Config {
+        initial_recv_slots: 4,
+        initial_send_slots: 4,
+        ..Config::default()
+    };
+    let (c, s) = pair(ip, &cfg).await;
+    let (cst, sst) = (c.stats(), s.stats());
+    let (mut ctx, mut crx) = c.split();
+    let (mut stx, mut srx) = s.split();
+    let r = tokio::time::timeout(Duration::from_secs(60), async {
+        for i in 0..3u64 {
+            // As rpc-core sends calls: small frames, then the payload as a
+            // gather (frame header, body).
+            for k in 0..8 {
+                ctx.send(pattern(100 + k, 90)).await.expect("send");
+            }
+            let body = pattern(i, (1 << 20) - 6);
+            ctx.send_parts(Bytes::from_static(b"header"), body.clone())
+                .await
+                .expect("send");
+            for k in 0..8 {
+                let m = srx.recv().await.expect("recv").expect("message");
+                assert!(m == pattern(100 + k, 90));
+            }
+            let m = srx.recv().await.expect("recv").expect("message");
+            assert!(
+                m.len() == 1 << 20 && m[6..] == body[..],
+                "content of request {i}"
+            );
+            // The answer is large too: the client's region, on demand.
+            stx.send(pattern(400 + i, 1 << 20)).await.expect("reply");
+            let m = crx.recv().await.expect("recv").expect("reply");
+            assert!(m == pattern(400 + i, 1 << 20), "content of reply {i}");
+            println!("round {i} done");
+        }
+    })
+    .await;
+    if r.is_err() {
+        panic!(
+            "stalled; client {:?}\nserver {:?}",
+            cst.snapshot(),
+            sst.snapshot()
+        );
+    }
+}

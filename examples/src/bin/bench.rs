@@ -201,6 +201,11 @@ struct Args {
     /// RDMA path: busy-poll bound / budget in µs (`Config::busy_poll`).
     #[arg(long)]
     busy_poll_us: Option<u64>,
+    /// RDMA path: receive and send slots each connection starts with, both
+    /// sides (`Config::initial_recv_slots` and `initial_send_slots`), to
+    /// measure what a smaller idle connection costs in calls.
+    #[arg(long)]
+    initial_slots: Option<u32>,
 }
 
 /// `--poll-mode`.
@@ -223,6 +228,7 @@ impl Args {
             && !self.no_memory_on_demand
             && self.poll_mode.is_none()
             && self.busy_poll_us.is_none()
+            && self.initial_slots.is_none()
         {
             return None;
         }
@@ -243,6 +249,8 @@ impl Args {
             busy_poll: self
                 .busy_poll_us
                 .map_or(d.busy_poll, std::time::Duration::from_micros),
+            initial_recv_slots: self.initial_slots.unwrap_or(d.initial_recv_slots),
+            initial_send_slots: self.initial_slots.unwrap_or(d.initial_send_slots),
             ..d
         })
     }

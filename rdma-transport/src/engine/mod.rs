@@ -1100,9 +1100,15 @@ impl Engine {
         let seq = self.next_seq;
         self.next_seq += 1;
         self.unsignaled_run += 1;
-        // After CLOSE everything is signalled so the SQ drains completely (§6).
-        let signaled =
-            force_signal || self.close_sent || self.unsignaled_run >= self.cfg.signal_every;
+        // §7: at least every `send_active / 2` work requests is signalled,
+        // whatever `signal_every` says. Slots held by unsignalled SENDs come
+        // back only with a later signalled completion, so with a longer run
+        // a ring that started small (§4.6) could have too few free slots for
+        // a control message (RDV_GRANT needs 2, §4.3) and nothing in flight
+        // that would ever free one. After CLOSE everything is signalled so
+        // the SQ drains completely (§6).
+        let every = self.cfg.signal_every.min((self.send_active / 2).max(1));
+        let signaled = force_signal || self.close_sent || self.unsignaled_run >= every;
         if signaled {
             self.unsignaled_run = 0;
         }

@@ -1761,3 +1761,52 @@ fn forged_immediates_rejected() {
     inject_imm(&mut e, &mut m, 0, Imm::Write(chunk_imm(0, 0, true)), 3).unwrap();
     assert!(matches!(e.next_event(), Some(Event::Message(b)) if &b[..] == b"abc"));
 }
+
+/// §7, §4.6: a send ring that starts small still frees slots for a
+/// control message. With 4 send slots and `signal_every` 16, three small
+/// unsignalled SENDs used to keep three slots until some later signalled
+/// completion, and RDV_GRANT (2 free slots, §4.3) then waited for ever:
+/// the peer's large message never left (found in the VM with
+/// `initial_send_slots = 4`). Nothing closes here, since CLOSE signals
+/// everything and would hide the stall.
+#[test]
+fn a_small_send_ring_frees_slots_for_a_grant() {
+    for imm in [false, true] {
+        let p = P {
+            slots: 64,
+            initial: 4,
+            rdv_count: 8,
+            signal_every: 16,
+            imm,
+            ..P::on_demand()
+        };
+        let mut a = Side::new(&p, &p);
+        let mut b = Side::new(&p, &p);
+        let pump = |a: &mut Side, b: &mut Side| {
+            for _ in 0..10_000 {
+                a.process(64);
+                b.process(64);
+                let moved = deliver(a, b) | deliver(b, a);
+                if !moved && a.cq.is_empty() && b.cq.is_empty() {
+                    return;
+                }
+            }
+            panic!("no quiescence");
+        };
+        for i in 0..3u64 {
+            a.e.submit(pattern(i, 40));
+        }
+        pump(&mut a, &mut b);
+        assert_eq!(b.got.len(), 3);
+        // b's large message needs a's region: a must send RDV_GRANT.
+        b.e.submit(pattern(9, 20_000));
+        pump(&mut a, &mut b);
+        assert_eq!(a.got.len(), 1, "imm {imm}: the large message arrived");
+        assert_eq!(a.got[0], pattern(9, 20_000));
+        assert!(
+            a.e.free_send.len() >= 2,
+            "imm {imm}: free send slots {}",
+            a.e.free_send.len()
+        );
+    }
+}
