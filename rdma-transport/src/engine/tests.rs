@@ -1277,6 +1277,67 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Everything submitted arrives while both sides stay open. CLOSE
+    /// signals every work request (§6), which releases a send ring stuck
+    /// behind unsignalled SENDs, so `random_pairs_exchange_without_loss`
+    /// (which closes after its last message) cannot see such a stall; here
+    /// nothing closes, and `signal_every` ranges past the rings in use
+    /// (the stall of `a_small_send_ring_frees_slots_for_a_grant`).
+    #[test]
+    fn random_pairs_deliver_everything_before_any_close(
+        seed in any::<u64>(),
+        a_msgs in proptest::collection::vec(prop_oneof![0usize..220, 0usize..20_000], 1..40),
+        b_msgs in proptest::collection::vec(prop_oneof![0usize..220, 0usize..20_000], 0..40),
+        signal_every in 1u32..24,
+        initial in 4u32..9,
+        rdv_count in 1u32..9,
+    ) {
+        let p = P {
+            slots: 32,
+            initial,
+            rdv_count,
+            signal_every,
+            imm: seed & 1 != 0,
+            ..P::on_demand()
+        };
+        let mut a = Side::new(&p, &p);
+        let mut b = Side::new(&p, &p);
+        let mut rng = Rng(seed | 1);
+        let (mut ia, mut ib) = (0, 0);
+        let mut quiet = 0;
+        for _ in 0..2_000_000 {
+            if ia < a_msgs.len() && a.e.pending_msgs() < 2 && rng.next().is_multiple_of(3) {
+                a.e.submit(pattern(ia as u64, a_msgs[ia]));
+                ia += 1;
+            }
+            if ib < b_msgs.len() && b.e.pending_msgs() < 2 && rng.next().is_multiple_of(3) {
+                b.e.submit(pattern(1_000_000 + ib as u64, b_msgs[ib]));
+                ib += 1;
+            }
+            let moved = match rng.next() % 4 {
+                0 => deliver(&mut a, &mut b),
+                1 => deliver(&mut b, &mut a),
+                2 => { a.process(rng.next() as usize % 8 + 1); false }
+                _ => { b.process(rng.next() as usize % 8 + 1); false }
+            };
+            let idle = !moved && a.cq.is_empty() && b.cq.is_empty()
+                && a.wire.is_empty() && b.wire.is_empty();
+            quiet = if idle { quiet + 1 } else { 0 };
+            if ia == a_msgs.len() && ib == b_msgs.len() && quiet > 64 {
+                break;
+            }
+        }
+        prop_assert_eq!(b.got.len(), a_msgs.len(), "a->b delivered before close");
+        prop_assert_eq!(a.got.len(), b_msgs.len(), "b->a delivered before close");
+        for (i, m) in b.got.iter().enumerate() {
+            prop_assert_eq!(m, &pattern(i as u64, a_msgs[i]));
+        }
+    }
+}
+
 // ---- memory on demand (§4.6, §5.5) ----
 
 /// Large messages find no region, ask for one (RDV_REQUEST), get it
