@@ -39,7 +39,7 @@ pub enum PollMode {
 /// Registered memory per connection, with memory on demand (the default,
 /// `docs/wire-protocol-rdma.md` §4.6 and §5.5): `initial_recv_slots *
 /// recv_slot_bytes + initial_send_slots * recv_slot_bytes` while idle
-/// (256 KiB with the defaults); the rings grow to `recv_slots` and
+/// (64 KiB with the defaults); the rings grow to `recv_slots` and
 /// `send_slots` under load, and the rendezvous region and the staging
 /// buffers (`rendezvous_buffers * rendezvous_buffer_bytes` each, 2 MiB with
 /// the defaults) are registered while large messages flow and released after
@@ -55,7 +55,9 @@ pub struct Config {
     /// Receive buffers posted when the connection starts = the peer's
     /// initial credits, with memory on demand; the ring doubles (up to
     /// `recv_slots`) when the peer uses half its credits before they could
-    /// be returned (§4.6). Default 16, at least 4; above `recv_slots` it
+    /// be returned (§4.6). Default 4 (the least allowed: an idle connection
+    /// holds 32 KiB of receive buffers; `bench --initial-slots` measured no
+    /// cost in calls against 16, `docs/benchmarks.md`); above `recv_slots` it
     /// means `recv_slots`.
     pub initial_recv_slots: u32,
     /// Bytes per receive (and send) slot, 32-byte header included.
@@ -65,7 +67,7 @@ pub struct Config {
     pub send_slots: u32,
     /// Send slots registered when the connection starts, with memory on
     /// demand; the ring doubles (up to `send_slots`) while messages wait for
-    /// a slot, and shrinks back when idle. Default 16, at least 4; above
+    /// a slot, and shrinks back when idle. Default 4, at least 4; above
     /// `send_slots` it means `send_slots`.
     pub initial_send_slots: u32,
     /// Memory on demand (`docs/wire-protocol-rdma.md` §4.6, §5.5): rings
@@ -158,10 +160,10 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             recv_slots: 64,
-            initial_recv_slots: 16,
+            initial_recv_slots: 4,
             recv_slot_bytes: 8192,
             send_slots: 64,
-            initial_send_slots: 16,
+            initial_send_slots: 4,
             memory_on_demand: true,
             memory_idle_release: Duration::from_secs(5),
             rendezvous_threshold_bytes: 4096,

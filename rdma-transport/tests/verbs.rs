@@ -655,7 +655,8 @@ async fn the_registered_memory_cap_refuses_connections_cleanly() {
 }
 
 /// Memory on demand (wire §4.6, §5.5): an idle connection registers its
-/// initial rings only (256 KiB per side with the defaults); a large message
+/// initial rings only (64 KiB per side with the defaults, 256 KiB with the
+/// 16-slot rings used here); a large message
 /// registers the receiver's rendezvous region and the sender's staging
 /// buffers; an idle interval later both are released; the next large
 /// message gets them again; closing frees everything.
@@ -665,11 +666,17 @@ async fn memory_on_demand_follows_traffic() {
         return;
     };
     tokio::time::timeout(Duration::from_secs(90), async {
+        // Rings of 16 slots, which this traffic does not make grow: the
+        // figures below then change by the region and the staging buffers
+        // only. (With the default 4-slot rings a ring grant can land after
+        // the region went, and the totals no longer tell them apart.)
         let cfg = Config {
             memory_idle_release: Duration::from_secs(1),
+            initial_recv_slots: 16,
+            initial_send_slots: 16,
             ..Config::default()
         };
-        let d = Config::default();
+        let d = &cfg;
         let idle_per_side = (d.initial_recv_slots + d.initial_send_slots) as usize * d.recv_slot_bytes;
         let region = d.rendezvous_buffers as usize * d.rendezvous_buffer_bytes;
         let base = rdma_transport::registered_bytes();
@@ -898,7 +905,14 @@ async fn smallest_rings_carry_large_messages() {
         initial_send_slots: 4,
         ..Config::default()
     };
+    let base = rdma_transport::registered_bytes();
     let (c, s) = pair(ip, &cfg).await;
+    // The default rings: 4 + 4 slots of 8 KiB per side while idle.
+    assert_eq!(
+        rdma_transport::registered_bytes() - base,
+        2 * 8 * cfg.recv_slot_bytes,
+        "an idle connection registers 64 KiB per side"
+    );
     let (cst, sst) = (c.stats(), s.stats());
     let (mut ctx, mut crx) = c.split();
     let (mut stx, mut srx) = s.split();

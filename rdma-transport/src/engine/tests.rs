@@ -1285,7 +1285,9 @@ proptest! {
     /// behind unsignalled SENDs, so `random_pairs_exchange_without_loss`
     /// (which closes after its last message) cannot see such a stall; here
     /// nothing closes, and `signal_every` ranges past the rings in use
-    /// (the stall of `a_small_send_ring_frees_slots_for_a_grant`).
+    /// (the stall of `a_small_send_ring_frees_slots_for_a_grant`). Idle
+    /// ticks (regions revoked under traffic, §5.5) and receive
+    /// back-pressure (§4.5, released before the end) come at random moments.
     #[test]
     fn random_pairs_deliver_everything_before_any_close(
         seed in any::<u64>(),
@@ -1308,6 +1310,7 @@ proptest! {
         let mut rng = Rng(seed | 1);
         let (mut ia, mut ib) = (0, 0);
         let mut quiet = 0;
+        let mut idle_events = true;
         for _ in 0..2_000_000 {
             if ia < a_msgs.len() && a.e.pending_msgs() < 2 && rng.next().is_multiple_of(3) {
                 a.e.submit(pattern(ia as u64, a_msgs[ia]));
@@ -1317,16 +1320,36 @@ proptest! {
                 b.e.submit(pattern(1_000_000 + ib as u64, b_msgs[ib]));
                 ib += 1;
             }
-            let moved = match rng.next() % 4 {
-                0 => deliver(&mut a, &mut b),
-                1 => deliver(&mut b, &mut a),
-                2 => { a.process(rng.next() as usize % 8 + 1); false }
-                _ => { b.process(rng.next() as usize % 8 + 1); false }
+            let moved = match rng.next() % 11 {
+                0 | 1 | 2 => deliver(&mut a, &mut b),
+                3 | 4 | 5 => deliver(&mut b, &mut a),
+                6 | 7 => { a.process(rng.next() as usize % 8 + 1); false }
+                8 | 9 => { b.process(rng.next() as usize % 8 + 1); false }
+                // Memory on demand gives back what went unused (§5.5), and
+                // the application falls behind for a while (§4.5), at any
+                // moment of the traffic.
+                _ => {
+                    let s = if rng.next().is_multiple_of(2) { &mut a } else { &mut b };
+                    match rng.next() % 3 {
+                        0 => s.e.on_idle_tick(&mut s.mem),
+                        1 if idle_events => s.e.set_hold_returns(true),
+                        _ => s.e.set_hold_returns(false),
+                    }
+                    false
+                }
             };
             let idle = !moved && a.cq.is_empty() && b.cq.is_empty()
                 && a.wire.is_empty() && b.wire.is_empty();
             quiet = if idle { quiet + 1 } else { 0 };
             if ia == a_msgs.len() && ib == b_msgs.len() && quiet > 64 {
+                if idle_events {
+                    // The application catches up: returns flow again.
+                    idle_events = false;
+                    a.e.set_hold_returns(false);
+                    b.e.set_hold_returns(false);
+                    quiet = 0;
+                    continue;
+                }
                 break;
             }
         }
