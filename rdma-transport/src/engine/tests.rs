@@ -1321,10 +1321,10 @@ proptest! {
                 ib += 1;
             }
             let moved = match rng.next() % 11 {
-                0 | 1 | 2 => deliver(&mut a, &mut b),
-                3 | 4 | 5 => deliver(&mut b, &mut a),
-                6 | 7 => { a.process(rng.next() as usize % 8 + 1); false }
-                8 | 9 => { b.process(rng.next() as usize % 8 + 1); false }
+                0..=2 => deliver(&mut a, &mut b),
+                3..=5 => deliver(&mut b, &mut a),
+                6..=7 => { a.process(rng.next() as usize % 8 + 1); false }
+                8..=9 => { b.process(rng.next() as usize % 8 + 1); false }
                 // Memory on demand gives back what went unused (§5.5), and
                 // the application falls behind for a while (§4.5), at any
                 // moment of the traffic.
