@@ -87,7 +87,11 @@ fn status_text(status: i32) -> String {
 /// Verbs resources of one connection before the driver starts.
 pub(crate) struct Resources {
     pub(crate) mem: ConnMemory,
+    /// Receive completions: the CQ the driver sleeps on.
     pub(crate) cq: Arc<Cq>,
+    /// Send completions, on the same completion channel; armed only while
+    /// the engine waits for one (§8), so they do not wake the driver.
+    pub(crate) send_cq: Arc<Cq>,
     pub(crate) hello: Hello,
     /// The device is iWARP (no immediate data; a zero-length WRITE still
     /// needs a valid rkey there as far as we know, §4.4).
@@ -98,8 +102,19 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
     let pd = Pd::new(id.clone())?;
     let comp = CompChannel::new(id.clone())?;
     let sq_depth = cfg.send_slots + cfg.rendezvous_buffers + 1;
-    let cqe = (sq_depth + cfg.recv_slots + 16) as i32;
-    let cq = Cq::new(id, comp, cqe)?;
+    // §8: receive and send completions on CQs of their own, one channel,
+    // so that send completions need not wake the driver. Not on iWARP:
+    // siw (Linux 6.1) then failed to set up connections made at the same
+    // time (`ibv_create_cq` EAGAIN, `rdma_create_qp` EINVAL in
+    // verbs::eight_connections_concurrently); there one CQ takes both, as
+    // before, and every completion wakes the driver.
+    let (cq, send_cq) = if id.is_iwarp() {
+        let cq = Cq::new(id, comp, (sq_depth + cfg.recv_slots + 16) as i32)?;
+        (cq.clone(), cq)
+    } else {
+        let cq = Cq::new(id, comp.clone(), (cfg.recv_slots + 16) as i32)?;
+        (cq, Cq::new(id, comp, (sq_depth + 16) as i32)?)
+    };
     let sizes = PoolSizes {
         recv_slots: cfg.recv_slots as usize,
         recv_slot_bytes: cfg.recv_slot_bytes,
@@ -121,6 +136,7 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
     let qp = Qp::new(
         id.clone(),
         pd,
+        send_cq.clone(),
         cq.clone(),
         sq_depth,
         cfg.recv_slots,
@@ -159,6 +175,7 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
     };
     Ok(Resources {
         cq,
+        send_cq,
         mem,
         hello,
         iwarp: id.is_iwarp(),
@@ -795,9 +812,13 @@ struct Core {
 impl Core {
     /// Submits `head ++ body` and posts what the engine can; a failed post
     /// is recorded for the driver (the caller wakes it with `Shared::kick`).
-    fn submit_and_post(&mut self, head: Bytes, body: Bytes) -> Result<(), Error> {
+    /// `Ok(true)`: part of it is still queued, and the driver must be woken
+    /// to arm its send CQ (it may be asleep on receives only, §8).
+    fn submit_and_post(&mut self, head: Bytes, body: Bytes) -> Result<bool, Error> {
         self.engine.submit_parts(head, body);
-        self.post().inspect_err(|e| self.failed = Some(e.clone()))
+        self.post()
+            .inspect_err(|e| self.failed = Some(e.clone()))
+            .map(|()| self.engine.pending_msgs() > 0)
     }
 
     /// Lets the engine post what it can (§4.2, §5.2).
@@ -1009,10 +1030,10 @@ impl SendHalf {
                     let (head, body) = msg.take().expect("message not yet submitted");
                     let r = core.submit_and_post(head, body);
                     drop(g);
-                    if r.is_err() {
+                    if !matches!(r, Ok(false)) {
                         self.shared.kick.notify_one();
                     }
-                    return r;
+                    return r.map(|_| ());
                 }
             }
             room.await;
@@ -1052,10 +1073,10 @@ impl SendHalf {
         }
         let r = core.submit_and_post(head, body);
         drop(g);
-        if r.is_err() {
+        if !matches!(r, Ok(false)) {
             self.shared.kick.notify_one();
         }
-        Ok(r)
+        Ok(r.map(|_| ()))
     }
 
     /// Bytes per rendezvous chunk on this connection (§5.2): a message
@@ -1216,6 +1237,7 @@ fn spawn_driver(
         cm_afd,
         cq_afd,
         cq: res.cq,
+        send_cq: res.send_cq,
         id,
         chan,
         cmd_rx,
@@ -1345,7 +1367,11 @@ impl SpinBudget {
 struct Driver {
     cm_afd: CmFd,
     cq_afd: CqFd,
+    /// Receive completions (the driver sleeps on these).
     cq: Arc<Cq>,
+    /// Send completions: polled with the receive CQ, armed only while the
+    /// engine waits for one (`Engine::wants_send_completions`).
+    send_cq: Arc<Cq>,
     id: Arc<CmId>,
     chan: Arc<EventChannel>,
     cmd_rx: mpsc::Receiver<Cmd>,
@@ -1441,10 +1467,18 @@ impl Driver {
         let Some(core) = g.as_mut() else {
             return Err(Error::Disconnected);
         };
+        // Send completions first: they free slots for what the receives
+        // will want to post.
+        let mut cq_send = true;
         loop {
             self.wcs.clear();
-            let n = self.cq.poll(&mut self.wcs, 32)?;
+            let cq = if cq_send { &self.send_cq } else { &self.cq };
+            let n = cq.poll(&mut self.wcs, 32)?;
             if n == 0 {
+                if cq_send {
+                    cq_send = false;
+                    continue;
+                }
                 return Ok(total);
             }
             total += n;
@@ -1468,6 +1502,10 @@ impl Driver {
                 }
             }
             if n < 32 {
+                if cq_send {
+                    cq_send = false;
+                    continue;
+                }
                 return Ok(total);
             }
         }
@@ -1648,6 +1686,16 @@ impl Driver {
                 // Arm, then poll again: a completion that arrived before the
                 // arm would otherwise never raise an event (lost wakeup).
                 self.cq.arm()?;
+                // Send completions wake the driver only when the engine
+                // waits for one (a slot, a staging buffer, SQ room, the
+                // CLOSE flush); otherwise they are collected with the next
+                // receive.
+                if self
+                    .with_engine(|e| e.wants_send_completions())
+                    .unwrap_or(true)
+                {
+                    self.send_cq.arm()?;
+                }
                 if self.poll_cq(false)? > 0 {
                     if let Some(t) = idle_since.take() {
                         self.spin.note(t.elapsed());
@@ -1774,7 +1822,8 @@ impl Driver {
                     // The application caught up: step() releases the returns.
                 }
                 _ = self.shared.kick.notified() => {
-                    // A SendHalf's post failed: step() reports it.
+                    // A SendHalf's post failed (step() reports it), or left
+                    // a message queued: the next turn arms the send CQ.
                 }
                 _ = tokio::task::yield_now(), if spin => {
                     // PollMode::Spin: nothing else is ready; poll the CQ again.
@@ -1803,13 +1852,19 @@ impl Driver {
         let deadline = Instant::now() + Duration::from_millis(200);
         let expect = self.cfg.recv_slots as usize + core.engine.outstanding_sq();
         let mut seen = 0;
-        while Instant::now() < deadline && seen < expect {
-            self.wcs.clear();
-            match self.cq.poll(&mut self.wcs, 32) {
-                Ok(0) => tokio::time::sleep(Duration::from_millis(2)).await,
-                Ok(n) => seen += n,
-                Err(_) => break,
+        'drain: while Instant::now() < deadline && seen < expect {
+            let mut got = 0;
+            for cq in [&self.send_cq, &self.cq] {
+                self.wcs.clear();
+                match cq.poll(&mut self.wcs, 32) {
+                    Ok(n) => got += n,
+                    Err(_) => break 'drain,
+                }
             }
+            if got == 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            seen += got;
         }
         let _ = self.cq.consume_events();
         for w in self.close_waiters.drain(..) {

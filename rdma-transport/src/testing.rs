@@ -305,12 +305,15 @@ impl RawPeer {
         self.disconnected = true;
     }
 
-    /// Polls the CQ once; receives are copied out and reposted. Returns how
+    /// Polls the CQs once; receives are copied out and reposted. Returns how
     /// many completions were seen. Send-queue completions are kept in
     /// `sq_done` for `wait_for`.
     fn poll(&mut self) -> Result<usize, Error> {
         self.wcs.clear();
-        let n = self.hs.res.cq.poll(&mut self.wcs, 32)?;
+        // Send and receive completions have CQs of their own (§8; the same
+        // one on iWARP): both are looked at.
+        let n = self.hs.res.send_cq.poll(&mut self.wcs, 32)?
+            + self.hs.res.cq.poll(&mut self.wcs, 32)?;
         for i in 0..n {
             let wc = self.wcs[i];
             if wc.wr_id >> 56 == WR_RECV {

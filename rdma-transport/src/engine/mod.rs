@@ -617,6 +617,21 @@ impl Engine {
         std::mem::swap(buf, &mut self.actions);
     }
 
+    /// Whether progress may wait for a send completion (§8): a message is
+    /// queued, CLOSE waits for its flush, or fewer than the 2 send slots or
+    /// the send-queue room a control message needs are free, all while a
+    /// posted work request is outstanding. The driver arms its send CQ
+    /// only then, so a send completion does not wake it otherwise; what
+    /// waits for the peer instead (credits, rendezvous buffers) is woken by
+    /// a receive.
+    pub fn wants_send_completions(&self) -> bool {
+        !self.records.is_empty()
+            && (!self.pending.is_empty()
+                || self.close_sent
+                || self.free_send.len() < 2
+                || !self.sq_room(3))
+    }
+
     /// Takes the next event.
     pub fn next_event(&mut self) -> Option<Event> {
         self.events.pop_front()

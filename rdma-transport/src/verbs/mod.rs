@@ -304,8 +304,10 @@ impl Cq {
                     errno: e,
                 });
             }
-            // SAFETY: the event belongs to our only CQ on this channel; ack it
-            // right away so ibv_destroy_cq never blocks on unacked events.
+            // SAFETY: the event belongs to one of the CQs on this channel
+            // (a connection's send and receive CQs share it), both alive
+            // while the channel is; ack it right away so ibv_destroy_cq
+            // never blocks on unacked events.
             unsafe { ibv_ack_cq_events(cq, 1) };
             n += 1;
         }
@@ -350,7 +352,8 @@ pub(crate) struct Qp {
     id: Arc<cm::CmId>,
     qp: *mut ibv_qp,
     _pd: Arc<Pd>,
-    _cq: Arc<Cq>,
+    _send_cq: Arc<Cq>,
+    _recv_cq: Arc<Cq>,
     pub(crate) max_inline: u32,
 }
 
@@ -361,7 +364,8 @@ impl Qp {
     pub(crate) fn new(
         id: Arc<cm::CmId>,
         pd: Arc<Pd>,
-        cq: Arc<Cq>,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
         send_wr: u32,
         recv_wr: u32,
         inline: u32,
@@ -370,8 +374,8 @@ impl Qp {
         loop {
             // SAFETY: ibv_qp_init_attr is plain C data; zero is valid.
             let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-            attr.send_cq = cq.ptr;
-            attr.recv_cq = cq.ptr;
+            attr.send_cq = send_cq.ptr;
+            attr.recv_cq = recv_cq.ptr;
             attr.qp_type = ibv_qp_type::IBV_QPT_RC;
             attr.sq_sig_all = 0;
             attr.cap.max_send_wr = send_wr;
@@ -389,7 +393,8 @@ impl Qp {
                     id,
                     qp,
                     _pd: pd,
-                    _cq: cq,
+                    _send_cq: send_cq,
+                    _recv_cq: recv_cq,
                     max_inline: attr.cap.max_inline_data,
                 });
             }
