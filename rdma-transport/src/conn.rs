@@ -1468,8 +1468,8 @@ impl Driver {
             return Err(Error::Disconnected);
         };
         // Send completions first: they free slots for what the receives
-        // will want to post.
-        let mut cq_send = true;
+        // will want to post. On iWARP both are one CQ: polled once.
+        let mut cq_send = !Arc::ptr_eq(&self.send_cq, &self.cq);
         loop {
             self.wcs.clear();
             let cq = if cq_send { &self.send_cq } else { &self.cq };
@@ -1690,9 +1690,10 @@ impl Driver {
                 // waits for one (a slot, a staging buffer, SQ room, the
                 // CLOSE flush); otherwise they are collected with the next
                 // receive.
-                if self
-                    .with_engine(|e| e.wants_send_completions())
-                    .unwrap_or(true)
+                if !Arc::ptr_eq(&self.send_cq, &self.cq)
+                    && self
+                        .with_engine(|e| e.wants_send_completions())
+                        .unwrap_or(true)
                 {
                     self.send_cq.arm()?;
                 }

@@ -304,10 +304,9 @@ impl Cq {
                     errno: e,
                 });
             }
-            // SAFETY: the event belongs to one of the CQs on this channel
-            // (a connection's send and receive CQs share it), both alive
-            // while the channel is; ack it right away so ibv_destroy_cq
-            // never blocks on unacked events.
+            // SAFETY: `cq` is the live CQ of this channel the event was for
+            // (a connection's send or receive CQ); acked at once so
+            // ibv_destroy_cq never blocks on unacked events.
             unsafe { ibv_ack_cq_events(cq, 1) };
             n += 1;
         }
