@@ -922,12 +922,16 @@ impl Engine {
             wr_id: recv_wr_id(slot, g),
         });
         self.owed_total += 1;
-        // §4.6: the peer used half its credits before we could return
-        // them: grow the ring (up to recv_slots) and grant it more.
+        // §4.6: the peer used half its credits on messages other than
+        // CREDIT before we could return them: grow the ring (up to
+        // recv_slots) and grant it more. CREDIT messages do not count: a
+        // setup's first CREDIT and its answer (§2.3) still owed when the
+        // first call arrives would otherwise double every 4-slot ring that
+        // carries one call.
         if self.cfg.on_demand
             && !self.hold_returns
             && self.recv_active < self.recv_max
-            && self.owed_total * 2 >= self.recv_active
+            && self.owed_data * 2 >= self.recv_active
         {
             self.grant_due = true;
         }

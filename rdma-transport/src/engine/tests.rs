@@ -1443,6 +1443,71 @@ fn on_demand_region_is_granted_revoked_and_granted_again() {
     assert_eq!(b.posted.len() as u32, b.e.recv_active);
 }
 
+/// §4.6: CREDIT messages do not grow the receive ring. The setup's first
+/// CREDIT and its answer (§2.3), then calls one message each way (a unary
+/// call's request and reply), leave both 4-slot rings at 4: before, the
+/// answer still owed when the first reply arrived doubled the ring of every
+/// connection that carried one call. Data sent without answers still grows
+/// it.
+#[test]
+fn credit_messages_alone_do_not_grow_the_ring() {
+    let p = P::on_demand();
+    let mut a = Side::new(&p, &p);
+    let mut b = Side::new(&p, &p);
+    b.e.set_wait_first_recv();
+    a.e.send_initial_credit();
+    let step = |a: &mut Side, b: &mut Side| {
+        for _ in 0..64 {
+            a.process(64);
+            b.process(64);
+            let moved = deliver(a, b) | deliver(b, a);
+            if !moved && a.cq.is_empty() && b.cq.is_empty() {
+                break;
+            }
+        }
+    };
+    // a's CREDIT and its first message (rpc-core's HELLO) go out together;
+    // b reads both before answering: 2 of its 4 credits used.
+    a.e.submit(pattern(500, 30));
+    a.process(64);
+    assert!(deliver(&mut a, &mut b), "a's first CREDIT");
+    assert!(deliver(&mut a, &mut b), "a's first message");
+    b.process(64);
+    // b's answer and its own first message reach a the same way.
+    b.e.submit(pattern(501, 30));
+    b.process(64);
+    assert!(deliver(&mut b, &mut a), "b's answer");
+    assert!(deliver(&mut b, &mut a), "b's first message");
+    a.process(64);
+    assert_eq!(a.e.recv_active, 4, "a's ring stayed at 4 through setup");
+    assert_eq!(b.e.recv_active, 4, "b's ring stayed at 4 through setup");
+    for i in 0..20u64 {
+        a.e.submit(pattern(i, 50));
+        a.process(64);
+        assert!(deliver(&mut a, &mut b), "request {i}");
+        b.process(64);
+        b.e.submit(pattern(1000 + i, 1));
+        b.process(64);
+        assert!(deliver(&mut b, &mut a), "reply {i}");
+        a.process(64);
+    }
+    step(&mut a, &mut b);
+    assert_eq!(b.got.len(), 21);
+    assert_eq!(a.got.len(), 21);
+    assert_eq!(a.e.recv_active, 4, "a's ring stayed at 4");
+    assert_eq!(b.e.recv_active, 4, "b's ring stayed at 4");
+    // Two requests before a reply: half the ring used by data, it grows.
+    for i in 0..2u64 {
+        a.e.submit(pattern(100 + i, 50));
+        a.process(64);
+        assert!(deliver(&mut a, &mut b));
+    }
+    b.process(64);
+    step(&mut a, &mut b);
+    assert_eq!(b.e.recv_active, 8, "data grew b's ring");
+    assert_eq!(a.e.credit_limit, 8, "and the grant reached a");
+}
+
 /// §5.5 checks: each on-demand message is refused where the protocol does
 /// not allow it.
 #[test]
