@@ -1458,54 +1458,62 @@ impl Driver {
         }
     }
 
-    /// Polls the CQ until empty, feeding the engine. With `until_error`,
+    /// Polls the CQs until empty, feeding the engine. With `until_error`,
     /// stops at the first failed completion without reporting it (used
     /// after a disconnect to salvage messages that did arrive).
     fn poll_cq(&mut self, until_error: bool) -> Result<usize, Error> {
-        let mut total = 0;
+        self.poll_cqs(until_error, true)
+    }
+
+    /// The busy-poll's look (§8): the receive CQ, and the send CQ only while
+    /// the engine waits for a send completion. Otherwise send completions
+    /// wait for the next full poll, as they do while the driver sleeps
+    /// (their CQ is not armed then either); a failed send still shows at
+    /// once, since it flushes the receive queue into the receive CQ.
+    fn poll_cq_spin(&mut self) -> Result<usize, Error> {
+        self.poll_cqs(false, false)
+    }
+
+    /// `all_sends`: poll the send CQ whether or not the engine waits for it.
+    fn poll_cqs(&mut self, until_error: bool, all_sends: bool) -> Result<usize, Error> {
         let mut g = self.shared.core();
         let Some(core) = g.as_mut() else {
             return Err(Error::Disconnected);
         };
         // Send completions first: they free slots for what the receives
         // will want to post. On iWARP both are one CQ: polled once.
-        let mut cq_send = !Arc::ptr_eq(&self.send_cq, &self.cq);
+        let separate = !Arc::ptr_eq(&self.send_cq, &self.cq);
+        let mut sends = separate && (all_sends || core.engine.wants_send_completions());
+        let mut total = 0;
+        if sends {
+            let (n, stop) = drain(&self.send_cq, &mut self.wcs, core, until_error)?;
+            total += n;
+            if stop {
+                return Ok(total);
+            }
+        }
         loop {
             self.wcs.clear();
-            let cq = if cq_send { &self.send_cq } else { &self.cq };
-            let n = cq.poll(&mut self.wcs, 32)?;
+            let n = self.cq.poll(&mut self.wcs, 32)?;
             if n == 0 {
-                if cq_send {
-                    cq_send = false;
-                    continue;
-                }
                 return Ok(total);
             }
             total += n;
-            for i in 0..n {
-                let wc = self.wcs[i];
-                let ok = wc.status == 0;
-                if !ok && until_error {
+            if separate && !sends && self.wcs.iter().any(|w| w.status != 0) {
+                // A failed receive is usually the flush that follows a
+                // failed send: take the send CQ first, so the error
+                // reported is the cause (rare path: the batch is copied).
+                sends = true;
+                let batch = self.wcs.clone();
+                let (m, stop) = drain(&self.send_cq, &mut self.wcs, core, until_error)?;
+                total += m;
+                if stop || feed(core, &batch, until_error)? {
                     return Ok(total);
                 }
-                let c = Completion {
-                    wr_id: wc.wr_id,
-                    ok,
-                    status: wc.status,
-                    byte_len: wc.byte_len,
-                    imm: wc.imm,
-                };
-                if let Err(e) = core.engine.on_completion(c, &mut core.mem) {
-                    let recv = matches!(e, EngineError::Completion { recv: true, .. })
-                        || wc.wr_id >> 56 == WR_RECV;
-                    return Err(engine_err(e, if recv { "recv" } else { "send" }));
-                }
+            } else if feed(core, &self.wcs, until_error)? {
+                return Ok(total);
             }
             if n < 32 {
-                if cq_send {
-                    cq_send = false;
-                    continue;
-                }
                 return Ok(total);
             }
         }
@@ -1652,7 +1660,7 @@ impl Driver {
                 let mut got = false;
                 let mut n = 0u32;
                 loop {
-                    if self.poll_cq(false)? > 0 || (self.cmd_open && !self.cmd_rx.is_empty()) {
+                    if self.poll_cq_spin()? > 0 || (self.cmd_open && !self.cmd_rx.is_empty()) {
                         got = true;
                         break;
                     }
@@ -1886,6 +1894,55 @@ impl Drop for Driver {
         let core = self.shared.core().take();
         drop(core);
     }
+}
+
+/// Polls `cq` until empty into `wcs`, feeding `core`'s engine. Returns the
+/// count and whether [`feed`] stopped at a failed completion.
+fn drain(
+    cq: &Cq,
+    wcs: &mut Vec<Wc>,
+    core: &mut Core,
+    until_error: bool,
+) -> Result<(usize, bool), Error> {
+    let mut total = 0;
+    loop {
+        wcs.clear();
+        let n = cq.poll(wcs, 32)?;
+        total += n;
+        if n == 0 {
+            return Ok((total, false));
+        }
+        if feed(core, wcs, until_error)? {
+            return Ok((total, true));
+        }
+        if n < 32 {
+            return Ok((total, false));
+        }
+    }
+}
+
+/// Feeds completions to the engine. With `until_error`, stops at the first
+/// failed one without reporting it (returns true).
+fn feed(core: &mut Core, wcs: &[Wc], until_error: bool) -> Result<bool, Error> {
+    for wc in wcs {
+        let ok = wc.status == 0;
+        if !ok && until_error {
+            return Ok(true);
+        }
+        let c = Completion {
+            wr_id: wc.wr_id,
+            ok,
+            status: wc.status,
+            byte_len: wc.byte_len,
+            imm: wc.imm,
+        };
+        if let Err(e) = core.engine.on_completion(c, &mut core.mem) {
+            let recv = matches!(e, EngineError::Completion { recv: true, .. })
+                || wc.wr_id >> 56 == WR_RECV;
+            return Err(engine_err(e, if recv { "recv" } else { "send" }));
+        }
+    }
+    Ok(false)
 }
 
 #[cfg(test)]
