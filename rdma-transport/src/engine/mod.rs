@@ -1483,16 +1483,21 @@ impl Engine {
             self.force_credit = true;
         }
         // §4.3: explicit credit message when returns are due and no data
-        // carried them. Slots consumed by credit messages alone only trigger
-        // a return once half the ring is owed, so credit messages cannot
-        // ping-pong.
+        // carried them: half the ring owed for other messages, or the ring
+        // but one owed in all. So credit messages cannot ping-pong.
         // §5.3: rendezvous buffers go back in batches while a message is
         // still arriving (half the region at a time), all at once when it
         // is complete.
+        // Slots owed for CREDIT messages count only once the peer is down
+        // to its reserved credit (ring − 1 owed): counted from half the
+        // ring, a CREDIT and a data message owed together made a 4-slot
+        // ring answer with a CREDIT, and two sides that read both before
+        // answering kept that going, a CREDIT each way per call.
         let half = (self.recv_active / 2).max(1);
+        let low = self.recv_active.saturating_sub(1).max(half);
         let rdv_half = (self.cfg.rdv_count / 2).max(1);
         let rdv_due = self.rdv_owed >= rdv_half || (self.rdv_owed > 0 && self.reasm.is_none());
-        let owed = self.owed_data >= half || self.owed_total >= half || rdv_due;
+        let owed = self.owed_data >= half || self.owed_total >= low || rdv_due;
         let due = (owed && !self.hold_returns) || self.force_credit;
         if due && self.credits >= 1 && !self.free_send.is_empty() && self.sq_room(1) {
             let h = Header::new(Kind::Credit);
