@@ -8,7 +8,7 @@ O = sys.argv[1] if len(sys.argv) > 1 else "target/bench-bulk"
 
 
 def bw(size):
-    """ib_write_bw average MB/s at `size` (all runs of that size in the boot)."""
+    """ib_write_bw average at `size` in MB/s of 10^6 bytes (all runs of that size in the boot)."""
     out = []
     for f in sorted(glob.glob(f"{O}/bw-{size}.txt") + glob.glob(f"{O}/bw-{size}-*.txt")):
         if f.endswith(".server.txt"):
@@ -16,7 +16,8 @@ def bw(size):
         for line in open(f):
             m = re.match(r"^ *(\d+) +(\d+) +([\d.]+) +([\d.]+)", line)
             if m and int(m.group(1)) == size:
-                out.append(float(m.group(4)))
+                # perftest's MB is 2^20 bytes; ours (bytes_per_s / 1e6) is 10^6.
+                out.append(float(m.group(4)) * 1048576 / 1e6)
     return out
 
 
