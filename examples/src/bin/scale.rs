@@ -1167,11 +1167,17 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
         // The control: back to the first connection alone, measured once
         // the closed connections are torn down (their teardown is CPU work
         // that would otherwise land in the figures): registered memory back
-        // to within twice the 1-connection step's, on both sides, or 60 s.
+        // to within twice the 1-connection step's, or open fds back to that
+        // step's (+2), on both sides, or 60 s. Registered memory alone is
+        // not enough: the connection kept may have grown its receive ring
+        // since (64 KiB at step 1, more after the 8-in-flight calls), and a
+        // receive ring never shrinks.
         pool.truncate(1);
         let settle = Instant::now();
         let one_server = steps[0].server.as_ref().map(|x| x.registered_bytes);
         let one_client = steps[0].client.registered_bytes;
+        let one_server_fds = steps[0].server.as_ref().map(|x| x.fds);
+        let one_client_fds = steps[0].client.fds;
         let mut step = Step {
             target: 1,
             control: true,
@@ -1193,7 +1199,13 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
                 (Some(s), Some(o)) => s.registered_bytes <= 2 * o,
                 _ => true,
             };
+            let fds_back = step.client.fds <= one_client_fds + 2
+                && match (&step.server, one_server_fds) {
+                    (Some(s), Some(o)) => s.fds <= o + 2,
+                    _ => true,
+                };
             if (server_back && step.client.registered_bytes <= 2 * one_client)
+                || fds_back
                 || settle.elapsed() > Duration::from_secs(60)
             {
                 break;
