@@ -413,6 +413,29 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
     true
 }
 
+/// An active side `a` and a passive side `b` as `conn.rs` sets them up
+/// (§2.3): `a` sends a CREDIT first, `b` answers its first message.
+fn connect(p: &P) -> (Side, Side) {
+    let mut a = Side::new(p, p);
+    let mut b = Side::new(p, p);
+    b.e.set_wait_first_recv();
+    a.e.send_initial_credit();
+    (a, b)
+}
+
+/// Runs both sides and the "NIC" until nothing moves.
+fn pump(a: &mut Side, b: &mut Side) {
+    for _ in 0..10_000 {
+        a.process(64);
+        b.process(64);
+        let moved = deliver(a, b) | deliver(b, a);
+        if !moved && a.cq.is_empty() && b.cq.is_empty() {
+            return;
+        }
+    }
+    panic!("no quiescence");
+}
+
 fn pattern(id: u64, len: usize) -> Bytes {
     let mut v = vec![0u8; len];
     let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
@@ -1451,21 +1474,7 @@ fn on_demand_region_is_granted_revoked_and_granted_again() {
 /// it.
 #[test]
 fn credit_messages_alone_do_not_grow_the_ring() {
-    let p = P::on_demand();
-    let mut a = Side::new(&p, &p);
-    let mut b = Side::new(&p, &p);
-    b.e.set_wait_first_recv();
-    a.e.send_initial_credit();
-    let step = |a: &mut Side, b: &mut Side| {
-        for _ in 0..64 {
-            a.process(64);
-            b.process(64);
-            let moved = deliver(a, b) | deliver(b, a);
-            if !moved && a.cq.is_empty() && b.cq.is_empty() {
-                break;
-            }
-        }
-    };
+    let (mut a, mut b) = connect(&P::on_demand());
     // a's CREDIT and its first message (rpc-core's HELLO) go out together;
     // b reads both before answering: 2 of its 4 credits used.
     a.e.submit(pattern(500, 30));
@@ -1491,7 +1500,7 @@ fn credit_messages_alone_do_not_grow_the_ring() {
         assert!(deliver(&mut b, &mut a), "reply {i}");
         a.process(64);
     }
-    step(&mut a, &mut b);
+    pump(&mut a, &mut b);
     assert_eq!(b.got.len(), 21);
     assert_eq!(a.got.len(), 21);
     assert_eq!(a.e.recv_active, 4, "a's ring stayed at 4");
@@ -1503,7 +1512,7 @@ fn credit_messages_alone_do_not_grow_the_ring() {
         assert!(deliver(&mut a, &mut b));
     }
     b.process(64);
-    step(&mut a, &mut b);
+    pump(&mut a, &mut b);
     assert_eq!(b.e.recv_active, 8, "data grew b's ring");
     assert_eq!(a.e.credit_limit, 8, "and the grant reached a");
 }
@@ -1516,11 +1525,7 @@ fn credit_messages_alone_do_not_grow_the_ring() {
 /// ends it once the rings stay at 4 slots).
 #[test]
 fn a_credit_and_data_owed_together_do_not_echo_credits() {
-    let p = P::on_demand();
-    let mut a = Side::new(&p, &p);
-    let mut b = Side::new(&p, &p);
-    b.e.set_wait_first_recv();
-    a.e.send_initial_credit();
+    let (mut a, mut b) = connect(&P::on_demand());
     let all = |from: &mut Side, to: &mut Side| while deliver(from, to) {};
     let mut before = (0, 0);
     for i in 0..40u64 {
@@ -1693,11 +1698,7 @@ fn on_demand_registration_failures() {
 /// notes it heard from P (which ends its setup kicks, `conn.rs`).
 #[test]
 fn the_passive_side_answers_the_first_message_at_once() {
-    let p = P::small();
-    let mut a = Side::new(&p, &p);
-    let mut b = Side::new(&p, &p);
-    b.e.set_wait_first_recv();
-    a.e.send_initial_credit();
+    let (mut a, mut b) = connect(&P::small());
     b.process(0);
     assert!(b.wire.is_empty(), "P sent before A's first message");
     a.process(0);
@@ -1971,17 +1972,6 @@ fn a_small_send_ring_frees_slots_for_a_grant() {
         };
         let mut a = Side::new(&p, &p);
         let mut b = Side::new(&p, &p);
-        let pump = |a: &mut Side, b: &mut Side| {
-            for _ in 0..10_000 {
-                a.process(64);
-                b.process(64);
-                let moved = deliver(a, b) | deliver(b, a);
-                if !moved && a.cq.is_empty() && b.cq.is_empty() {
-                    return;
-                }
-            }
-            panic!("no quiescence");
-        };
         for i in 0..3u64 {
             a.e.submit(pattern(i, 40));
         }

@@ -253,13 +253,12 @@ impl Cq {
         }
         let n = (n as usize).min(max);
         for wc in &wcs[..n] {
+            // Fields are read one by one through the pointer: for a failed
+            // completion only `wr_id` and `status` need have been written, so
+            // no reference to the whole entry is made.
             let p = wc.as_ptr();
-            // SAFETY: ibv_poll_cq(3) filled the first `n` ≤ max entries (n
-            // clamped above against a misbehaving provider), and `wr_id` and
-            // `status` are valid in every completion it returns. Fields are
-            // read one by one through the pointer: for a failed completion
-            // the others need not be written, so no reference to the whole
-            // entry is made.
+            // SAFETY: ibv_poll_cq(3) filled the first `n` ≤ max entries (n is
+            // clamped above) and `wr_id` and `status` are valid in each.
             let (wr_id, status) = unsafe { ((*p).wr_id, (*p).status) };
             if status != ibv_wc_status::IBV_WC_SUCCESS {
                 out.push(Wc {
