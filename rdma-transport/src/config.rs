@@ -154,6 +154,19 @@ pub struct Config {
     /// address can never take all of it. Default 128 (640 MiB with the
     /// default sizes, of the 4 GiB default cap).
     pub max_connections_per_address: usize,
+    /// Listener: draw the receive buffers of every connection accepted on
+    /// one device from a shared receive queue (`docs/wire-protocol-rdma.md`
+    /// §4.7) where the device has SRQs and type-2 memory windows (rxe and
+    /// most RoCE/InfiniBand NICs; not siw, which keeps per-connection
+    /// rings). Credits stay per connection; the pool posts as many buffers
+    /// as all connections' credit limits add up to, plus a slack of 16.
+    /// Needs `memory_on_demand`. Default true.
+    pub shared_receive_queue: bool,
+    /// Listener: most receive buffers one shared receive queue holds
+    /// (clamped to the device's `max_srq_wr`). A connection that finds it
+    /// full gets a receive ring of its own, as without SRQ. Default 16384
+    /// (128 MiB of 8 KiB buffers).
+    pub shared_receive_max_buffers: u32,
 }
 
 impl Default for Config {
@@ -185,6 +198,8 @@ impl Default for Config {
             max_pending_handshakes: 128,
             max_pending_handshakes_per_address: 64,
             max_connections_per_address: 128,
+            shared_receive_queue: true,
+            shared_receive_max_buffers: 16384,
         }
     }
 }

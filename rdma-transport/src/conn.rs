@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -18,10 +18,10 @@ use crate::engine::{
     Action, Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
 };
 use crate::error::{Errno, Error};
-use crate::mem::{ConnMemory, PoolSizes};
+use crate::mem::{ConnMemory, PoolSizes, RecvPool, WR_BIND};
 use crate::stats::ConnStats;
 use crate::verbs::cm::{CmEvent, CmId, EventChannel};
-use crate::verbs::{async_fd, CompChannel, Cq, FdOwner, Pd, Qp, Wc};
+use crate::verbs::{async_fd, CompChannel, Cq, FdOwner, Pd, Qp, QpCaps, Wc};
 
 /// IBV_WC_WR_FLUSH_ERR
 const WC_FLUSH_ERR: u32 = 5;
@@ -98,10 +98,76 @@ pub(crate) struct Resources {
     pub(crate) iwarp: bool,
 }
 
-fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
-    let pd = Pd::new(id.clone())?;
+/// The shared receive pools of a listener, one per device (§4.7): each is
+/// created by the first connection accepted on its device and goes with
+/// the last one (a `Weak` here).
+#[derive(Default)]
+pub(crate) struct SharedPools {
+    /// (device context address, pool); `None`: the device has no SRQ and
+    /// memory windows, or its pool could not be created.
+    pools: Mutex<Vec<(usize, Option<Weak<RecvPool>>)>>,
+}
+
+impl SharedPools {
+    /// The pool for `id`'s device, created if needed; `None` where the
+    /// device cannot share receive buffers (or `cfg` says not to).
+    fn get(&self, id: &Arc<CmId>, cfg: &Config) -> Option<Arc<RecvPool>> {
+        if !cfg.shared_receive_queue || !cfg.memory_on_demand || id.is_iwarp() {
+            return None;
+        }
+        let ctx = id.verbs() as usize;
+        let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = match pools.iter().position(|(c, _)| *c == ctx) {
+            Some(i) => &mut pools[i].1,
+            None => {
+                pools.push((ctx, Some(Weak::new())));
+                &mut pools.last_mut().expect("pushed").1
+            }
+        };
+        let weak = entry.as_ref()?;
+        if let Some(p) = weak.upgrade() {
+            return Some(p);
+        }
+        let Some(max_wr) = crate::verbs::shared_receive_support(id) else {
+            tracing::info!(
+                "rdma listener: the device has no shared receive queue with memory windows; \
+                 receive rings stay per connection"
+            );
+            *entry = None;
+            return None;
+        };
+        let max = (cfg.shared_receive_max_buffers as usize).min(max_wr as usize);
+        match Pd::new(id.clone()).and_then(|pd| {
+            RecvPool::new(
+                pd,
+                cfg.recv_slot_bytes,
+                max,
+                cfg.global_max_registered_bytes,
+            )
+        }) {
+            Ok(p) => {
+                let p = Arc::new(p);
+                *entry = Some(Arc::downgrade(&p));
+                Some(p)
+            }
+            Err(e) => {
+                tracing::warn!("rdma listener: no shared receive queue ({e}); receive rings stay per connection");
+                None
+            }
+        }
+    }
+}
+
+fn build_resources(
+    id: &Arc<CmId>,
+    cfg: &Config,
+    shared: Option<&SharedPools>,
+) -> Result<Resources, Error> {
+    let pool = shared.and_then(|s| s.get(id, cfg));
     let comp = CompChannel::new(id.clone())?;
-    let sq_depth = cfg.send_slots + cfg.rendezvous_buffers + 1;
+    // One more work request on the send queue with a shared pool: the
+    // signaled bind of the rendezvous region's window (§4.7).
+    let sq_depth = cfg.send_slots + cfg.rendezvous_buffers + 1 + u32::from(pool.is_some());
     // §8: receive and send completions on CQs of their own, one channel,
     // so that send completions need not wake the driver. Not on iWARP:
     // siw (Linux 6.1) then failed to set up connections made at the same
@@ -125,22 +191,54 @@ fn build_resources(id: &Arc<CmId>, cfg: &Config) -> Result<Resources, Error> {
         recv_seg: cfg.recv_slots_at_start() as usize,
         send_seg: cfg.send_slots_at_start() as usize,
     };
-    let mut mem = ConnMemory::new(
-        &pd,
-        sizes,
-        cfg.global_max_registered_bytes,
-        cfg.recv_slots_at_start() as usize,
-        cfg.send_slots_at_start() as usize,
-        !cfg.memory_on_demand,
-    )?;
+    let shared_mem = pool.and_then(|pool| {
+        let srq = pool.srq().clone();
+        match ConnMemory::new_shared(
+            pool,
+            cq.clone(),
+            sizes,
+            cfg.global_max_registered_bytes,
+            cfg.recv_slots_at_start() as usize,
+            cfg.send_slots_at_start() as usize,
+        ) {
+            Ok(m) => Some((m, srq)),
+            Err(e) => {
+                // A full pool (shared_receive_max_buffers): this
+                // connection gets a ring of its own.
+                tracing::info!("rdma listener: {e}; this connection gets its own receive ring");
+                None
+            }
+        }
+    });
+    let (mut mem, pd, srq) = match shared_mem {
+        Some((m, srq)) => {
+            let pd = m.pd().clone();
+            (m, pd, Some(srq))
+        }
+        None => {
+            let pd = Pd::new(id.clone())?;
+            let m = ConnMemory::new(
+                &pd,
+                sizes,
+                cfg.global_max_registered_bytes,
+                cfg.recv_slots_at_start() as usize,
+                cfg.send_slots_at_start() as usize,
+                !cfg.memory_on_demand,
+            )?;
+            (m, pd, None)
+        }
+    };
     let qp = Qp::new(
         id.clone(),
         pd,
         send_cq.clone(),
         cq.clone(),
-        sq_depth,
-        cfg.recv_slots,
-        cfg.max_inline_bytes,
+        QpCaps {
+            send_wr: sq_depth,
+            recv_wr: cfg.recv_slots,
+            inline: cfg.max_inline_bytes,
+            srq,
+        },
     )?;
     mem.attach_qp(qp);
     // §4.1: every receive slot is posted before connect/accept, so the peer
@@ -365,7 +463,7 @@ pub(crate) async fn handshake(
     cfg.validate()?;
     let (chan, afd, id) = resolve(addr, local, cfg).await?;
     let id = Arc::new(id);
-    let mut res = build_resources(&id, cfg)?;
+    let mut res = build_resources(&id, cfg, None)?;
     edit_hello(&mut res.hello);
     // §2.3 step 3: connect with our hello as private data.
     // rdma_connect blocks on iWARP (siw does a synchronous kernel TCP
@@ -588,6 +686,7 @@ impl Listener {
                 _id: id,
                 cfg,
                 local,
+                pools: Arc::default(),
             },
             limits.clone(),
             tx,
@@ -632,6 +731,7 @@ struct ListenState {
     _id: CmId,
     cfg: Config,
     local: SocketAddr,
+    pools: Arc<SharedPools>,
 }
 
 /// The listening task: takes CONNECT_REQUESTs (the only events on this
@@ -701,8 +801,9 @@ async fn listen_loop(
             }
         };
         let (cfg, local, tx) = (st.cfg.clone(), st.local, tx.clone());
+        let pools = st.pools.clone();
         handshakes.spawn(async move {
-            let r = setup_passive(id, chan, peer_hello, cfg, local, admission).await;
+            let r = setup_passive(id, chan, peer_hello, cfg, local, admission, pools).await;
             if let Err(e) = &r {
                 tracing::debug!("rdma listener on {local}: handshake failed: {e}");
             }
@@ -721,6 +822,7 @@ async fn setup_passive(
     cfg: Config,
     local: SocketAddr,
     mut admission: Admission,
+    pools: Arc<SharedPools>,
 ) -> Result<Connection, Error> {
     let afd = match async_fd(chan.clone()) {
         Ok(a) => a,
@@ -730,7 +832,7 @@ async fn setup_passive(
         }
     };
     let id = Arc::new(id);
-    let res = match build_resources(&id, &cfg) {
+    let res = match build_resources(&id, &cfg, Some(&pools)) {
         Ok(r) => r,
         Err(e) => {
             id.reject(b"resources");
@@ -1212,6 +1314,7 @@ fn spawn_driver(
     active: bool,
 ) -> Result<Connection, Error> {
     let cq_afd = async_fd(res.cq.clone())?;
+    let shared_receive = res.mem.is_shared();
     let (tx, cmd_rx) = mpsc::channel(cfg.send_queue_messages.max(1));
     let (deliver_tx, rx) = mpsc::unbounded_channel();
     let chunk = engine.config().chunk_bytes();
@@ -1229,6 +1332,9 @@ fn spawn_driver(
     ));
     let stats = Arc::new(ConnStats::default());
     stats.bump(|s| &s.connections, 1);
+    if shared_receive {
+        stats.bump(|s| &s.shared_receive_connections, 1);
+    }
     let max = cfg.max_message_bytes.min(peer_hello.max_message as usize);
     let keepalive_timer = Box::pin(tokio::time::sleep(cfg.keepalive));
     let idle_timer = Box::pin(tokio::time::sleep(cfg.memory_idle_release));
@@ -1859,7 +1965,14 @@ impl Driver {
             let _ = qp.to_error();
         }
         let deadline = Instant::now() + Duration::from_millis(200);
-        let expect = self.cfg.recv_slots as usize + core.engine.outstanding_sq();
+        // With a shared receive queue (§4.7) the QP has no receives of its
+        // own to flush, at most the one SRQ buffer it had taken.
+        let recvs = if core.mem.is_shared() {
+            0
+        } else {
+            self.cfg.recv_slots as usize
+        };
+        let expect = recvs + core.engine.outstanding_sq();
         let mut seen = 0;
         'drain: while Instant::now() < deadline && seen < expect {
             let mut got = 0;
@@ -1869,6 +1982,8 @@ impl Driver {
                     Ok(n) => got += n,
                     Err(_) => break 'drain,
                 }
+                // A flushed SRQ buffer goes back to the pool (§4.7).
+                core.mem.reclaim(&self.wcs);
             }
             if got == 0 {
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -1929,8 +2044,22 @@ fn feed(core: &mut Core, wcs: &[Wc], until_error: bool) -> Result<bool, Error> {
         if !ok && until_error {
             return Ok(true);
         }
+        if wc.wr_id >> 56 == WR_BIND {
+            // §4.7: the bind of the rendezvous region's window, posted by
+            // ConnMemory, not the engine.
+            if ok {
+                continue;
+            }
+            return Err(engine_err(
+                EngineError::Completion {
+                    status: wc.status,
+                    recv: false,
+                },
+                "memory window bind",
+            ));
+        }
         let c = Completion {
-            wr_id: wc.wr_id,
+            wr_id: core.mem.map_recv(wc.wr_id, ok)?,
             ok,
             status: wc.status,
             byte_len: wc.byte_len,

@@ -5,19 +5,20 @@
 //! `docs/buffer-ownership.md` for who owns which slot when.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::BytesMut;
 use rdma_sys::*;
 
 use crate::engine::{Action, Buffers};
-use crate::error::Error;
+use crate::error::{Error, PeerMisbehaved};
 // Named imports shadow rdma-sys' `extern` declarations: these call the
 // libraries loaded at run time (see `verbs::dl`).
 use crate::verbs::dl::{ibv_dereg_mr, ibv_reg_mr};
-use crate::verbs::{verb_err, Pd, Qp, SendDesc};
+use crate::verbs::{verb_err, Cq, Mw, Pd, Qp, SendDesc, Srq};
 
 /// Process-wide registered bytes (checked against `Config::global_max_registered_bytes`).
 pub(crate) static REGISTERED_BYTES: AtomicUsize = AtomicUsize::new(0);
@@ -36,14 +37,34 @@ pub(crate) struct RegisteredBuf {
 // SAFETY: the buffer is uniquely owned (like a Box<[u8]>); the MR pointer is
 // only passed to thread-safe libibverbs calls.
 unsafe impl Send for RegisteredBuf {}
+// SAFETY: every `&self` method only reads: the MR's plain fields, a shared
+// slice under `slice_local`'s rules (a slot no receive is posted on), or a
+// raw copy (`append_to`); writing needs `&mut self`. A shared receive pool's
+// chunks are read this way by several connections, each its own slots.
+unsafe impl Sync for RegisteredBuf {}
+
+/// How the peer may reach a registered buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Only our own work requests (rings, staging, shared receive pool).
+    Local,
+    /// Remote write through the buffer's own rkey (a rendezvous region in
+    /// a connection's own PD).
+    RemoteWrite,
+    /// Remote write only through a type-2 memory window bound to one QP
+    /// (a rendezvous region in a listener's shared PD, §4.7): the MR itself
+    /// grants no remote access.
+    Window,
+}
 
 impl RegisteredBuf {
     pub(crate) fn new(
         pd: &Arc<Pd>,
         len: usize,
-        remote_write: bool,
+        how: Access,
         global_limit: usize,
     ) -> Result<RegisteredBuf, Error> {
+        let remote_write = how != Access::Local;
         let len = len.max(64);
         let prev = REGISTERED_BYTES.fetch_add(len, Ordering::SeqCst);
         if prev + len > global_limit {
@@ -62,8 +83,10 @@ impl RegisteredBuf {
             )));
         };
         let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-        if remote_write {
-            access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        match how {
+            Access::Local => {}
+            Access::RemoteWrite => access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+            Access::Window => access |= ibv_access_flags::IBV_ACCESS_MW_BIND.0,
         }
         // SAFETY: [ptr, ptr+len) is a live allocation owned by us; pd is live.
         let mr = unsafe { ibv_reg_mr(pd.ptr, raw as *mut _, len, access as i32) };
@@ -95,6 +118,15 @@ impl RegisteredBuf {
     pub(crate) fn rkey(&self) -> u32 {
         // SAFETY: as above.
         unsafe { (*self.mr).rkey }
+    }
+
+    /// The MR, for binding a memory window to it.
+    pub(crate) fn mr(&self) -> *mut ibv_mr {
+        self.mr
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// A shared slice over a part of a pool that **nobody can write while
@@ -232,7 +264,7 @@ impl SlotPool {
                 self.segs[k] = Some(RegisteredBuf::new(
                     pd,
                     count * self.slot_bytes,
-                    false,
+                    Access::Local,
                     limit,
                 )?);
             }
@@ -266,6 +298,240 @@ impl SlotPool {
     }
 }
 
+/// wr_id kind tag of a receive posted to a listener's shared receive queue;
+/// the low 32 bits are the pool buffer (wire protocol §4.7). The engine's
+/// own tags are 1 and 2 (§7).
+pub(crate) const WR_SRQ: u64 = 3;
+/// wr_id kind tag of a memory-window bind (§4.7): filtered out before the
+/// engine sees completions.
+pub(crate) const WR_BIND: u64 = 4;
+
+/// Buffers per registered chunk of a shared receive pool (128 KiB with
+/// 8 KiB buffers).
+const CHUNK_BUFFERS: usize = 16;
+/// Buffers a shared receive pool keeps posted beyond the sum of its
+/// connections' credit limits (§4.7): a peer that sends without credit
+/// takes one of these, not a buffer another connection's credit stands for,
+/// before the check closes its connection.
+pub(crate) const POOL_SLACK: usize = 16;
+
+/// The receive buffers of every connection a listener accepted on one
+/// device, posted to one shared receive queue (wire protocol §4.7,
+/// buffer-ownership.md "Shared receive pool").
+///
+/// Accounting: `reserved` is the sum of the connections' receive credit
+/// limits (each connection's ring size as the engine sees it), `active`
+/// the buffers posted to the SRQ or held by a connection (a message not yet
+/// consumed). The pool keeps `active >= reserved + POOL_SLACK`, which is
+/// the no-RNR rule of §4.2 summed over connections: every connection has
+/// at most `limit − held` credits and messages in flight, so the posted
+/// buffers cover them all. Buffers given back above that are not reposted;
+/// a chunk none of whose buffers is posted or held is deregistered. Posted
+/// buffers cannot be taken back from an SRQ: the pool shrinks as traffic
+/// consumes them, and goes (SRQ, PD and chunks) with its last connection.
+pub(crate) struct RecvPool {
+    // Declared first: destroyed before the chunks it may still have posted.
+    srq: Arc<Srq>,
+    pd: Arc<Pd>,
+    buf_bytes: usize,
+    max_buffers: usize,
+    global_limit: usize,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    chunks: Vec<Option<Arc<RegisteredBuf>>>,
+    /// Per chunk, how many of its buffers are in `idle`.
+    idle_in_chunk: Vec<usize>,
+    /// Registered buffers neither posted nor held.
+    idle: Vec<u32>,
+    reserved: usize,
+    active: usize,
+    /// Scratch list of receives to post (kept: no allocation per repost).
+    post: Vec<(u64, u64, u32, u32)>,
+}
+
+impl RecvPool {
+    pub(crate) fn new(
+        pd: Arc<Pd>,
+        buf_bytes: usize,
+        max_buffers: usize,
+        global_limit: usize,
+    ) -> Result<RecvPool, Error> {
+        let max_buffers = max_buffers.max(CHUNK_BUFFERS);
+        let srq = Arc::new(Srq::new(&pd, max_buffers as u32)?);
+        Ok(RecvPool {
+            srq,
+            pd,
+            buf_bytes,
+            max_buffers,
+            global_limit,
+            state: Mutex::new(PoolState::default()),
+        })
+    }
+
+    pub(crate) fn srq(&self) -> &Arc<Srq> {
+        &self.srq
+    }
+
+    pub(crate) fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Raises the sum of credit limits by `n` and posts buffers (registering
+    /// chunks) until the pool covers it. Fails, changing nothing that
+    /// matters, if the SRQ or the registration cap is full.
+    pub(crate) fn reserve(&self, n: usize) -> Result<(), Error> {
+        let mut st = self.lock();
+        let want = st.reserved + n + POOL_SLACK;
+        let registered = st.chunks.iter().flatten().count() * CHUNK_BUFFERS;
+        let short = want.saturating_sub(st.active);
+        if short > st.idle.len() {
+            let need = (short - st.idle.len()).div_ceil(CHUNK_BUFFERS) * CHUNK_BUFFERS;
+            if registered + need > self.max_buffers {
+                return Err(Error::ResourceLimit(format!(
+                    "the shared receive queue holds at most {} buffers (shared_receive_max_buffers or the device's max_srq_wr)",
+                    self.max_buffers
+                )));
+            }
+            for _ in 0..need / CHUNK_BUFFERS {
+                let chunk = RegisteredBuf::new(
+                    &self.pd,
+                    CHUNK_BUFFERS * self.buf_bytes,
+                    Access::Local,
+                    self.global_limit,
+                )?;
+                let k = match st.chunks.iter().position(Option::is_none) {
+                    Some(k) => k,
+                    None => {
+                        st.chunks.push(None);
+                        st.idle_in_chunk.push(0);
+                        st.chunks.len() - 1
+                    }
+                };
+                st.chunks[k] = Some(Arc::new(chunk));
+                st.idle_in_chunk[k] = CHUNK_BUFFERS;
+                let base = (k * CHUNK_BUFFERS) as u32;
+                st.idle
+                    .extend((0..CHUNK_BUFFERS as u32).rev().map(|j| base + j));
+            }
+        }
+        st.reserved += n;
+        let mut post = std::mem::take(&mut st.post);
+        post.clear();
+        while st.active < want {
+            let b = st.idle.pop().expect("registered enough above");
+            st.idle_in_chunk[b as usize / CHUNK_BUFFERS] -= 1;
+            post.push(self.recv_desc(&st, b));
+            st.active += 1;
+        }
+        let r = self.post(&post);
+        st.post = post;
+        r
+    }
+
+    /// Lowers the sum of credit limits by `n` (a connection closed).
+    pub(crate) fn unreserve(&self, n: usize) {
+        let mut st = self.lock();
+        st.reserved = st.reserved.saturating_sub(n);
+    }
+
+    /// The chunk holding buffer `b` and the buffer's offset in it, for a
+    /// buffer a receive completion just handed to a connection.
+    fn held(&self, b: u32) -> Option<(Arc<RegisteredBuf>, usize)> {
+        let st = self.lock();
+        let k = b as usize / CHUNK_BUFFERS;
+        let chunk = st.chunks.get(k)?.as_ref()?.clone();
+        Some((chunk, (b as usize % CHUNK_BUFFERS) * self.buf_bytes))
+    }
+
+    /// Takes back buffers a connection is done with: reposted while the
+    /// pool is at or below its target, idle (and their chunk deregistered
+    /// once all of it is idle) above it.
+    pub(crate) fn give_back(&self, bufs: &[u32]) -> Result<(), Error> {
+        if bufs.is_empty() {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        let target = st.reserved + POOL_SLACK;
+        let mut post = std::mem::take(&mut st.post);
+        post.clear();
+        for &b in bufs {
+            let k = b as usize / CHUNK_BUFFERS;
+            if st.chunks.get(k).is_none_or(Option::is_none) {
+                continue; // not ours: ignored (never posted again)
+            }
+            if st.active > target {
+                st.active -= 1;
+                st.idle.push(b);
+                st.idle_in_chunk[k] += 1;
+                if st.idle_in_chunk[k] == CHUNK_BUFFERS {
+                    // No buffer of this chunk is posted or held: the NIC
+                    // cannot write it any more.
+                    st.idle.retain(|&i| i as usize / CHUNK_BUFFERS != k);
+                    st.idle_in_chunk[k] = 0;
+                    st.chunks[k] = None;
+                }
+            } else {
+                post.push(self.recv_desc(&st, b));
+            }
+        }
+        let r = self.post(&post);
+        st.post = post;
+        r
+    }
+
+    fn recv_desc(&self, st: &PoolState, b: u32) -> (u64, u64, u32, u32) {
+        let k = b as usize / CHUNK_BUFFERS;
+        let chunk = st.chunks[k].as_ref().expect("a registered chunk");
+        let off = (b as usize % CHUNK_BUFFERS) * self.buf_bytes;
+        (
+            (WR_SRQ << 56) | u64::from(b),
+            chunk.addr() + off as u64,
+            self.buf_bytes as u32,
+            chunk.lkey(),
+        )
+    }
+
+    fn post(&self, list: &[(u64, u64, u32, u32)]) -> Result<(), Error> {
+        // SAFETY: each range is one buffer of a chunk registered on the
+        // SRQ's PD (recv_desc); the chunk stays registered while the buffer
+        // is posted or held (give_back frees a chunk only when all of its
+        // buffers are idle; the pool drops the SRQ before its chunks), and
+        // no connection reads a buffer before the receive into it completes.
+        unsafe { self.srq.post(list) }
+    }
+}
+
+/// A receive buffer of the shared pool holding a connection's message.
+struct Held {
+    buf: u32,
+    chunk: Arc<RegisteredBuf>,
+    off: usize,
+}
+
+/// A connection's view of a shared receive pool (§4.7): the engine still
+/// sees a ring of `reserved` slots; a slot is "posted" by queueing it, and a
+/// receive completion from the SRQ binds the oldest queued slot to the
+/// buffer the NIC filled, so the engine gets its own wr_id back, in the
+/// order it posted, as with a receive queue of its own.
+struct SharedRecv {
+    pool: Arc<RecvPool>,
+    /// Recv CQ of the connection, drained after the QP is destroyed for the
+    /// buffer it may have taken (it comes back flushed, §4.7).
+    cq: Arc<Cq>,
+    reserved: usize,
+    posted: VecDeque<(u32, u64)>,
+    bound: Vec<Option<Held>>,
+    /// Scratch list of buffers to give back.
+    back: Vec<u32>,
+}
+
 /// QP + all registered memory of one connection (§8 of the wire doc;
 /// ownership rules in `docs/buffer-ownership.md`). The rings are registered
 /// a segment at a time, the rendezvous region and the staging buffers only
@@ -274,7 +540,13 @@ pub(crate) struct ConnMemory {
     // Declared first: dropped first, before any buffer.
     qp: Option<Qp>,
     recv: SlotPool,
+    /// With a shared receive queue: the connection's part of it (then
+    /// `recv` stays empty).
+    shared: Option<SharedRecv>,
     send: SlotPool,
+    /// The window the peer reaches `rdv` through, in a shared PD (§4.7);
+    /// declared before `rdv`: deallocated (rkey revoked) first.
+    window: Option<Mw>,
     rdv: Option<RegisteredBuf>,
     staging: Option<RegisteredBuf>,
     sz: PoolSizes,
@@ -300,7 +572,9 @@ impl ConnMemory {
         let mut m = ConnMemory {
             qp: None,
             recv: SlotPool::new(sz.recv_slots, sz.recv_slot_bytes, sz.recv_seg),
+            shared: None,
             send: SlotPool::new(sz.send_slots, sz.send_slot_bytes, sz.send_seg),
+            window: None,
             rdv: None,
             staging: None,
             sz,
@@ -317,11 +591,116 @@ impl ConnMemory {
         Ok(m)
     }
 
+    /// Like [`new`](Self::new), with the receive buffers drawn from a
+    /// listener's shared pool (§4.7): `recv` credits are reserved in it. The
+    /// PD is the pool's; the rendezvous region is on demand only (it needs
+    /// the QP, to bind its window).
+    pub(crate) fn new_shared(
+        pool: Arc<RecvPool>,
+        cq: Arc<Cq>,
+        sz: PoolSizes,
+        global_limit: usize,
+        recv: usize,
+        send: usize,
+    ) -> Result<Self, Error> {
+        let pd = pool.pd().clone();
+        let mut m = ConnMemory::new(
+            &pd,
+            PoolSizes {
+                recv_slots: 0,
+                ..sz
+            },
+            global_limit,
+            0,
+            send,
+            false,
+        )?;
+        m.sz = sz;
+        pool.reserve(recv)?;
+        m.shared = Some(SharedRecv {
+            pool,
+            cq,
+            reserved: recv,
+            posted: VecDeque::with_capacity(sz.recv_slots),
+            bound: (0..sz.recv_slots).map(|_| None).collect(),
+            back: Vec::with_capacity(sz.recv_slots),
+        });
+        Ok(m)
+    }
+
+    pub(crate) fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// Whether the receive buffers come from a shared receive queue.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// Maps a receive completion from the shared receive queue to the
+    /// engine's own wr_id (§4.7): the oldest slot the engine posted takes
+    /// the buffer. Other wr_ids are returned unchanged. A message with no
+    /// slot posted for it came without credit: the buffer goes back to the
+    /// pool and the connection fails. A failed completion gives its buffer
+    /// back and maps to a failed receive of the engine.
+    pub(crate) fn map_recv(&mut self, wr_id: u64, ok: bool) -> Result<u64, Error> {
+        let Some(sh) = self.shared.as_mut() else {
+            return Ok(wr_id);
+        };
+        if wr_id >> 56 != WR_SRQ {
+            return Ok(wr_id);
+        }
+        let b = wr_id as u32;
+        if !ok {
+            // A flushed (or failed) receive: the connection is failing. The
+            // buffer goes back at once; the engine reports the failure.
+            sh.pool.give_back(&[b])?;
+            return Ok(crate::engine::WR_RECV << 56);
+        }
+        let Some((chunk, off)) = sh.pool.held(b) else {
+            return Err(Error::Protocol(PeerMisbehaved::StaleReceive { wr_id }));
+        };
+        match sh.posted.pop_front() {
+            Some((slot, engine_wr_id)) => {
+                sh.bound[slot as usize] = Some(Held { buf: b, chunk, off });
+                Ok(engine_wr_id)
+            }
+            None => {
+                sh.pool.give_back(&[b])?;
+                Err(Error::Protocol(PeerMisbehaved::SendWithoutCredit {
+                    excess: 1,
+                    granted: sh.reserved as u32,
+                }))
+            }
+        }
+    }
+
+    /// Gives back to the shared pool the SRQ buffers named by completions
+    /// polled outside the engine (the teardown's drain, §4.7).
+    pub(crate) fn reclaim(&mut self, wcs: &[crate::verbs::Wc]) {
+        let Some(sh) = self.shared.as_mut() else {
+            return;
+        };
+        sh.back.clear();
+        sh.back.extend(
+            wcs.iter()
+                .filter(|wc| wc.wr_id >> 56 == WR_SRQ)
+                .map(|wc| wc.wr_id as u32),
+        );
+        if let Err(e) = sh.pool.give_back(&sh.back) {
+            tracing::warn!("shared receive pool: reposting on close failed: {e}");
+        }
+    }
+
     fn register_rdv(&self) -> Result<RegisteredBuf, Error> {
         RegisteredBuf::new(
             &self.pd,
             self.sz.rdv_count * self.sz.rdv_bytes,
-            true,
+            if self.shared.is_some() {
+                Access::Window
+            } else {
+                Access::RemoteWrite
+            },
             self.global_limit,
         )
     }
@@ -344,8 +723,12 @@ impl ConnMemory {
         self.rdv.as_ref().map_or(0, |r| r.rkey())
     }
 
-    /// Destroys the QP; afterwards the NIC cannot access any buffer.
+    /// Destroys the QP; afterwards the NIC cannot access any buffer. A
+    /// memory window goes first (§4.7): it revokes the peer's access, and a
+    /// window still bound holds its QP (rxe waited ~50 s in
+    /// `ibv_destroy_qp` for it).
     pub(crate) fn destroy_qp(&mut self) {
+        self.window = None;
         self.qp = None;
     }
 
@@ -359,8 +742,19 @@ impl ConnMemory {
         let mut sends = std::mem::take(&mut self.sends);
         recvs.clear();
         sends.clear();
+        if let Some(sh) = self.shared.as_mut() {
+            sh.back.clear();
+        }
         for a in actions {
             match *a {
+                Action::PostRecv { slot, wr_id } if self.shared.is_some() => {
+                    let sh = self.shared.as_mut().expect("checked");
+                    assert!((slot as usize) < sh.bound.len(), "slot {slot} out of range");
+                    if let Some(h) = sh.bound[slot as usize].take() {
+                        sh.back.push(h.buf);
+                    }
+                    sh.posted.push_back((slot, wr_id));
+                }
                 Action::PostRecv { slot, wr_id } => {
                     let (seg, off) = self.recv.at(slot as usize);
                     recvs.push((
@@ -421,15 +815,23 @@ impl ConnMemory {
                 }
             }
         }
+        // §4.7: the buffers of reposted slots go back to the shared pool
+        // (reposted there) before any credit for them leaves below.
+        let shared = match &self.shared {
+            Some(sh) => sh.pool.give_back(&sh.back),
+            None => Ok(()),
+        };
         // SAFETY: every range was bounds-checked against its registered pool
         // above; the pools outlive the QP (field order + destroy_qp); the
         // engine does not touch a receive slot until its completion.
-        let r = unsafe { qp.post_recvs(&recvs) }.and_then(|()| {
-            // SAFETY: ranges inside the registered send/staging pools
-            // (checked); the engine reuses a slot only after a covering
-            // completion (§7).
-            unsafe { qp.post_sends(&sends) }
-        });
+        let r = shared
+            .and_then(|()| unsafe { qp.post_recvs(&recvs) })
+            .and_then(|()| {
+                // SAFETY: ranges inside the registered send/staging pools
+                // (checked); the engine reuses a slot only after a covering
+                // completion (§7).
+                unsafe { qp.post_sends(&sends) }
+            });
         self.recvs = recvs;
         self.sends = sends;
         r
@@ -438,14 +840,49 @@ impl ConnMemory {
 
 impl Drop for ConnMemory {
     fn drop(&mut self) {
-        // Explicit: QP first, then the buffers (field order would do the same).
+        if let (Some(qp), Some(_)) = (&self.qp, &self.shared) {
+            // Flushes the SRQ buffer the QP may have taken (§4.7).
+            let _ = qp.to_error();
+        }
+        // Explicit: the window (see destroy_qp), the QP, then the buffers.
+        self.window = None;
         self.qp = None;
+        if let Some(sh) = self.shared.as_mut() {
+            // The buffer a QP took from the SRQ comes back as a flushed
+            // completion on its CQ (rxe, measured: the last-WQE event is
+            // never raised); every other SRQ buffer stays posted for the
+            // other connections.
+            let mut wcs = Vec::new();
+            while let Ok(n) = sh.cq.poll(&mut wcs, 32) {
+                if n == 0 {
+                    break;
+                }
+            }
+            sh.back.clear();
+            sh.back.extend(
+                wcs.iter()
+                    .filter(|wc| wc.wr_id >> 56 == WR_SRQ)
+                    .map(|wc| wc.wr_id as u32),
+            );
+            sh.back
+                .extend(sh.bound.iter_mut().filter_map(|h| h.take()).map(|h| h.buf));
+            sh.pool.unreserve(sh.reserved);
+            if let Err(e) = sh.pool.give_back(&sh.back) {
+                tracing::warn!("shared receive pool: reposting on close failed: {e}");
+            }
+        }
     }
 }
 
 impl Buffers for ConnMemory {
     fn recv_slot(&self, i: u32) -> &[u8] {
         let s = self.sz.recv_slot_bytes;
+        if let Some(sh) = &self.shared {
+            let h = sh.bound[i as usize]
+                .as_ref()
+                .expect("the engine reads a slot after its receive completed");
+            return h.chunk.slice_local(h.off, s);
+        }
         let (seg, off) = self.recv.at(i as usize);
         seg.slice_local(off, s)
     }
@@ -471,7 +908,25 @@ impl Buffers for ConnMemory {
     fn open_rdv(&mut self) -> Result<(u64, u32), String> {
         debug_assert!(self.rdv.is_none());
         let r = self.register_rdv().map_err(|e| e.to_string())?;
-        let granted = (r.addr(), r.rkey());
+        if self.shared.is_none() {
+            let granted = (r.addr(), r.rkey());
+            self.rdv = Some(r);
+            return Ok(granted);
+        }
+        // §4.7: in the shared PD the region's own MR grants no remote
+        // access; a type-2 window bound to this connection's QP does, so
+        // its rkey is refused on every other QP.
+        let qp = self.qp.as_ref().ok_or("the connection is closed")?;
+        let mw = Mw::new(&self.pd).map_err(|e| e.to_string())?;
+        // SAFETY: r's MR is live, registered on this QP's PD (the pool's)
+        // with MW_BIND (Access::Window), and the window covers exactly it;
+        // `window` is declared before `rdv`, so the window is deallocated
+        // (rkey revoked) before the region is deregistered, in close_rdv
+        // and in Drop; the region is only read with raw copies (append_rdv).
+        let rkey = unsafe { qp.bind_window(&mw, r.mr(), r.addr(), r.len() as u64, WR_BIND << 56) }
+            .map_err(|e| e.to_string())?;
+        let granted = (r.addr(), rkey);
+        self.window = Some(mw);
         self.rdv = Some(r);
         Ok(granted)
     }
@@ -479,7 +934,8 @@ impl Buffers for ConnMemory {
         // The engine calls this after the peer's RDV_RELEASE: no WRITE of
         // its can still land (buffer-ownership.md). Deregistered and freed
         // by RegisteredBuf's Drop; a late WRITE with the old rkey fails at
-        // the NIC and breaks only this connection.
+        // the NIC and breaks only this connection. A window goes first.
+        self.window = None;
         self.rdv = None;
     }
     fn open_staging(&mut self) -> Result<(), String> {
@@ -487,7 +943,7 @@ impl Buffers for ConnMemory {
             let st = RegisteredBuf::new(
                 &self.pd,
                 self.sz.rdv_count * self.sz.rdv_bytes,
-                false,
+                Access::Local,
                 self.global_limit,
             )
             .map_err(|e| e.to_string())?;
@@ -509,6 +965,16 @@ impl Buffers for ConnMemory {
         self.send.trim(n as usize);
     }
     fn grow_recv(&mut self, n: u32) -> Result<(), String> {
+        if let Some(sh) = self.shared.as_mut() {
+            let n = (n as usize).min(sh.bound.len());
+            if n > sh.reserved {
+                sh.pool
+                    .reserve(n - sh.reserved)
+                    .map_err(|e| e.to_string())?;
+                sh.reserved = n;
+            }
+            return Ok(());
+        }
         self.recv
             .ensure(&self.pd, n as usize, self.global_limit)
             .map_err(|e| e.to_string())

@@ -52,6 +52,9 @@ stats! {
     setup_kicks,
     /// Connections established.
     connections,
+    /// Of those, connections whose receive buffers come from a listener's
+    /// shared receive queue (wire-protocol-rdma §4.7).
+    shared_receive_connections,
 }
 
 pub(crate) static GLOBAL: ConnStats = ConnStats::new_const();

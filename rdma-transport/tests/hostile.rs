@@ -305,8 +305,16 @@ async fn sending_without_credit_closes_the_connection() {
     let Some(ip) = device_ip("sending_without_credit_closes_the_connection") else {
         return;
     };
+    // Per-connection ring (64 slots), and with the default configuration,
+    // where the listener's connections share a receive queue (§4.7) on
+    // rxe: the offender's excess must not cost another connection anything.
+    overrun_credits(ip, static_cfg(), 64).await;
+    overrun_credits(ip, Config::default(), 4).await;
+}
+
+async fn overrun_credits(ip: IpAddr, cfg: Config, granted: u32) {
     within(120, "send without credit", async {
-        let server = EchoServer::start(ip, static_cfg()).await;
+        let server = EchoServer::start(ip, cfg).await;
         // We advertise only 4 credits and never return any, so the listener
         // can return its receive credits at most 4 times; then we keep
         // sending as if we had credits (§4.2).
@@ -348,10 +356,7 @@ async fn sending_without_credit_closes_the_connection() {
         );
         server
             .expect_violation(me, "send without credit", |v| {
-                *v == PeerMisbehaved::SendWithoutCredit {
-                    excess: 1,
-                    granted: 64,
-                }
+                *v == PeerMisbehaved::SendWithoutCredit { excess: 1, granted }
             })
             .await;
         assert!(
@@ -359,6 +364,61 @@ async fn sending_without_credit_closes_the_connection() {
             "the listener disconnected the offender"
         );
         server.others_still_work("send without credit").await;
+    })
+    .await;
+}
+
+/// Wire §4.7: where the listener's connections share a PD (and a receive
+/// queue), a granted rendezvous region is reachable only through a memory
+/// window bound to its own connection's QP: another connection of the same
+/// listener, knowing the address and the window's rkey, is refused by the
+/// NIC. (On siw, without SRQ, the region's own PD gives the same answer.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn granted_windows_work_only_on_their_own_connection() {
+    let Some(ip) = device_ip("granted_windows_work_only_on_their_own_connection") else {
+        return;
+    };
+    within(120, "window isolation", async {
+        // A refused WRITE puts the listener's QP in the error state, but
+        // with a shared receive queue it has no receive of its own to flush
+        // (§4.7): the listener finds out at its next keepalive (§4.4),
+        // 1 s here (10 s by default), or when the peer disconnects.
+        let cfg = Config {
+            keepalive: Duration::from_secs(1),
+            ..Config::default()
+        };
+        let server = EchoServer::start(ip, cfg).await;
+        let (mut a, a_addr) = raw(&server, |_| {}).await;
+        let st = a.send_header(Kind::RdvRequest, |_| {}).await.unwrap();
+        assert!(st.ok(), "{st:?}");
+        let (addr, rkey) = loop {
+            let m = a
+                .recv(Duration::from_secs(10))
+                .await
+                .unwrap()
+                .expect("the listener grants its region");
+            let h = Header::decode(&m).unwrap();
+            if h.kind == Kind::RdvGrant {
+                break (h.addr, h.len);
+            }
+        };
+        println!("A was granted a region at {addr:#x}, rkey {rkey:#x}");
+        let stats = server.stats.lock().unwrap()[&a_addr].clone();
+        assert_eq!(
+            stats.snapshot().shared_receive_connections,
+            u64::from(!iwarp()),
+            "on rxe the listener's connections share a receive queue (and a PD)"
+        );
+        let st = a.write(&pattern(7, 4096), addr, rkey).await.unwrap();
+        assert!(st.ok(), "A writes its own granted region: {st:?}");
+        let (mut b, b_addr) = raw(&server, |_| {}).await;
+        let st = b.write(&[0xEE; 64], addr, rkey).await.unwrap();
+        println!("B writes into A's region with A's window rkey: {}", st.text);
+        expect_refused(&server, &mut b, b_addr, &st, "B with A's window").await;
+        // A's connection is unharmed and still writes through its window.
+        let st = a.write(&pattern(8, 4096), addr, rkey).await.unwrap();
+        assert!(st.ok(), "A's window still works: {st:?}");
+        server.others_still_work("window isolation").await;
     })
     .await;
 }
@@ -674,7 +734,13 @@ async fn on_demand_region_is_never_writable_ungranted() {
         return;
     };
     within(120, "ungranted region", async {
-        let server = EchoServer::start(ip, Config::default()).await;
+        // The refused WRITE is found at the listener's next keepalive with
+        // a shared receive queue (§4.7; see granted_windows_...): 1 s here.
+        let cfg = Config {
+            keepalive: Duration::from_secs(1),
+            ..Config::default()
+        };
+        let server = EchoServer::start(ip, cfg).await;
         let (mut p, me) = raw(&server, |_| {}).await;
         let h = p.peer_hello();
         assert_ne!(

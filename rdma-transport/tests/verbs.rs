@@ -670,10 +670,13 @@ async fn memory_on_demand_follows_traffic() {
         // figures below then change by the region and the staging buffers
         // only. (With the default 4-slot rings a ring grant can land after
         // the region went, and the totals no longer tell them apart.)
+        // Per-connection rings: the listener's shared receive queue (§4.7)
+        // has its own test, `a_shared_receive_queue_serves_every_connection`.
         let cfg = Config {
             memory_idle_release: Duration::from_secs(1),
             initial_recv_slots: 16,
             initial_send_slots: 16,
+            shared_receive_queue: false,
             ..Config::default()
         };
         let d = &cfg;
@@ -900,9 +903,12 @@ async fn smallest_rings_carry_large_messages() {
     let Some(ip) = device_ip("smallest_rings_carry_large_messages") else {
         return;
     };
+    // Rings of its own on the listener side too (a shared receive queue,
+    // §4.7, would add its pool's slack to the figure below).
     let cfg = Config {
         initial_recv_slots: 4,
         initial_send_slots: 4,
+        shared_receive_queue: false,
         ..Config::default()
     };
     let base = rdma_transport::registered_bytes();
@@ -951,4 +957,136 @@ async fn smallest_rings_carry_large_messages() {
             sst.snapshot()
         );
     }
+}
+
+/// Wire §4.7: the connections a listener accepts draw their receive buffers
+/// from one shared receive queue (where the device has SRQs and memory
+/// windows: rxe, not siw). Credits stay per connection; the pool posts the
+/// sum of the connections' limits plus a slack, in 128 KiB chunks, and goes
+/// with the last connection. Each message arrives intact, small ones in
+/// the shared buffers and large ones through the connection's own window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_receive_queue_serves_every_connection() {
+    let Some(ip) = device_ip("a_shared_receive_queue_serves_every_connection") else {
+        return;
+    };
+    const N: usize = 8;
+    let shared = !iwarp();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let cfg = Config::default();
+        let base = rdma_transport::registered_bytes();
+        let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone())
+            .await
+            .unwrap();
+        let addr = l.local_addr();
+        let mut clients = Vec::new();
+        let mut servers = Vec::new();
+        for _ in 0..N {
+            let acc = async { l.accept().await.expect("accept") };
+            let (c, s) = tokio::join!(async { connect(addr, &cfg).await.expect("connect") }, acc);
+            clients.push(c);
+            servers.push(s);
+        }
+        let slot = cfg.recv_slot_bytes;
+        let ring = cfg.initial_recv_slots as usize * slot;
+        let send = cfg.initial_send_slots as usize * slot;
+        // 4 credits per connection plus a slack of 16, in chunks of 16.
+        let pool = (N * cfg.initial_recv_slots as usize + 16).div_ceil(16) * 16 * slot;
+        let server_side = if shared {
+            N * send + pool
+        } else {
+            N * (ring + send)
+        };
+        let expected = N * (ring + send) + server_side;
+        let idle = rdma_transport::registered_bytes() - base;
+        println!(
+            "{N} idle connections: {} KiB registered (clients {} KiB, listener {} KiB{})",
+            idle >> 10,
+            (N * (ring + send)) >> 10,
+            server_side >> 10,
+            if shared {
+                ", its receive buffers in one shared queue"
+            } else {
+                ", siw: rings of its own"
+            }
+        );
+        assert_eq!(
+            idle, expected,
+            "registered_bytes() is exact with a shared receive queue"
+        );
+        for s in &servers {
+            assert_eq!(
+                s.stats().snapshot().shared_receive_connections,
+                u64::from(shared),
+                "the listener's connections use the shared queue where the device has one"
+            );
+        }
+        for c in &clients {
+            assert_eq!(
+                c.stats().snapshot().shared_receive_connections,
+                0,
+                "clients keep rings"
+            );
+        }
+        // Echo traffic on all connections at once: small messages (shared
+        // buffers) and large ones (each connection's own window).
+        let mut hs = Vec::new();
+        for s in servers {
+            hs.push(tokio::spawn(async move {
+                let (mut tx, mut rx) = s.split();
+                while let Some(m) = rx.recv().await.expect("server recv") {
+                    tx.send(m).await.expect("echo");
+                }
+                tx.close().await;
+            }));
+        }
+        let mut cs = Vec::new();
+        for (k, c) in clients.into_iter().enumerate() {
+            cs.push(tokio::spawn(async move {
+                let (mut tx, mut rx) = c.split();
+                let size = |i: u64| match i % 10 {
+                    9 => 300_000 + (i as usize * 31) % 1000,
+                    _ => (i as usize * 997) % 6000,
+                };
+                let w = tokio::spawn(async move {
+                    for i in 0..100u64 {
+                        tx.send(pattern(k as u64 * 1000 + i, size(i)))
+                            .await
+                            .unwrap();
+                    }
+                    tx.close().await;
+                    tx
+                });
+                for i in 0..100u64 {
+                    let m = rx.recv().await.unwrap().unwrap();
+                    assert!(
+                        m == pattern(k as u64 * 1000 + i, size(i)),
+                        "connection {k} message {i}"
+                    );
+                }
+                assert!(rx.recv().await.unwrap().is_none());
+                drop(w.await.unwrap());
+            }));
+        }
+        for c in cs {
+            c.await.unwrap();
+        }
+        for h in hs {
+            h.await.unwrap();
+        }
+        for _ in 0..200 {
+            if rdma_transport::registered_bytes() <= base {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            rdma_transport::registered_bytes(),
+            base,
+            "everything freed, the shared pool with its last connection"
+        );
+        drop(l);
+    })
+    .await
+    .expect("timeout");
 }

@@ -11,7 +11,8 @@
 //! library functions they call; the other verbs modules import them by name,
 //! which shadows rdma-sys' `extern` declarations of the same names (rdma-sys
 //! is still used for the types and constants). The "inline" verbs
-//! (`ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`) are
+//! (`ibv_post_send`, `ibv_post_recv`, `ibv_post_srq_recv`, `ibv_poll_cq`,
+//! `ibv_req_notify_cq`, `ibv_alloc_mw`, `ibv_dealloc_mw`) are
 //! not library symbols: like the header's `static inline` functions, rdma-sys
 //! implements them in Rust as one indirect call through the device context's
 //! ops table, so they are still called from rdma-sys directly, unchanged.
@@ -26,9 +27,9 @@ use std::sync::OnceLock;
 
 use libloading::Library;
 use rdma_sys::{
-    ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr,
-    ibv_qp_init_attr, ibv_wc_status, rdma_cm_event, rdma_cm_id, rdma_conn_param,
-    rdma_event_channel, rdma_port_space,
+    ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr, ibv_mr, ibv_pd, ibv_qp,
+    ibv_qp_attr, ibv_qp_init_attr, ibv_srq, ibv_srq_init_attr, ibv_wc_status, rdma_cm_event,
+    rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space,
 };
 
 use crate::error::Error;
@@ -175,6 +176,12 @@ library! {
         fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr;
         "int ibv_dereg_mr(struct ibv_mr *mr);"
         fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int;
+        "int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *device_attr);"
+        fn ibv_query_device(context: *mut ibv_context, device_attr: *mut ibv_device_attr) -> c_int;
+        "struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *srq_init_attr);"
+        fn ibv_create_srq(pd: *mut ibv_pd, srq_init_attr: *mut ibv_srq_init_attr) -> *mut ibv_srq;
+        "int ibv_destroy_srq(struct ibv_srq *srq);"
+        fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int;
     }
 }
 

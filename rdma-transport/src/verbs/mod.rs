@@ -18,10 +18,11 @@ use rdma_sys::*;
 // Named imports shadow rdma-sys' `extern` declarations: these call the
 // libraries loaded at run time (see `dl`).
 use self::dl::{
-    ibv_ack_cq_events, ibv_alloc_pd, ibv_create_comp_channel, ibv_create_cq, ibv_dealloc_pd,
-    ibv_destroy_comp_channel, ibv_destroy_cq, ibv_free_device_list, ibv_get_cq_event,
-    ibv_get_device_guid, ibv_get_device_list, ibv_get_device_name, ibv_modify_qp,
-    ibv_wc_status_str, rdma_create_qp, rdma_destroy_qp,
+    ibv_ack_cq_events, ibv_alloc_pd, ibv_create_comp_channel, ibv_create_cq, ibv_create_srq,
+    ibv_dealloc_pd, ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_srq,
+    ibv_free_device_list, ibv_get_cq_event, ibv_get_device_guid, ibv_get_device_list,
+    ibv_get_device_name, ibv_modify_qp, ibv_query_device, ibv_wc_status_str, rdma_create_qp,
+    rdma_destroy_qp,
 };
 use crate::error::{Errno, Error};
 use crate::DeviceInfo;
@@ -152,6 +153,171 @@ impl Drop for Pd {
         let r = unsafe { ibv_dealloc_pd(self.ptr) };
         warn_destroy("ibv_dealloc_pd", r);
     }
+}
+
+/// What the device of a bound cm_id offers for a listener's shared receive
+/// queue (wire protocol §4.7): `Some(max_srq_wr)` when it has SRQs and
+/// type-2 memory windows (both are needed: the shared PD puts rendezvous
+/// regions behind QP-bound windows), `None` otherwise (siw has SRQs but no
+/// windows) or when the device cannot be queried.
+pub(crate) fn shared_receive_support(id: &cm::CmId) -> Option<u32> {
+    let ctx = id.verbs();
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: ibv_device_attr is plain C data; zero is valid.
+    let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: ctx is the live device context of the bound id (held by it);
+    // attr is a valid out-pointer.
+    let r = unsafe { ibv_query_device(ctx, &mut attr) };
+    if r != 0 {
+        tracing::debug!("ibv_query_device failed: {}", Errno(r));
+        return None;
+    }
+    let type_2 = attr.device_cap_flags
+        & (ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
+            | ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
+        != 0;
+    (attr.max_srq > 0 && attr.max_srq_wr > 0 && attr.max_mw > 0 && type_2)
+        .then_some(attr.max_srq_wr as u32)
+}
+
+/// Shared receive queue of a listener's shared PD (wire protocol §4.7).
+pub(crate) struct Srq {
+    pub(crate) ptr: *mut ibv_srq,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: thread-safe verbs object ("all verbs are thread safe"), the
+// pointer is only passed to libibverbs.
+unsafe impl Send for Srq {}
+// SAFETY: as above; posting from several threads is allowed by libibverbs.
+unsafe impl Sync for Srq {}
+
+impl Srq {
+    pub(crate) fn new(pd: &Arc<Pd>, max_wr: u32) -> Result<Srq, Error> {
+        // SAFETY: ibv_srq_init_attr is plain C data; zero is valid.
+        let mut attr: ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        attr.attr.max_wr = max_wr;
+        attr.attr.max_sge = 1;
+        // SAFETY: pd is live (we keep an Arc); attr is fully initialised.
+        let ptr = unsafe { ibv_create_srq(pd.ptr, &mut attr) };
+        if ptr.is_null() {
+            return Err(verb_err("ibv_create_srq"));
+        }
+        Ok(Srq {
+            ptr,
+            _pd: pd.clone(),
+        })
+    }
+
+    /// Posts receives to the SRQ, like [`Qp::post_recvs`].
+    ///
+    /// # Safety
+    /// As [`Qp::post_recvs`]: every range lies in memory registered with its
+    /// `lkey` on this SRQ's PD, stays allocated, and is neither read nor
+    /// written by the CPU until a completion for it is polled on the CQ of
+    /// the QP that took it, or the SRQ is destroyed.
+    pub(crate) unsafe fn post(&self, list: &[(u64, u64, u32, u32)]) -> Result<(), Error> {
+        // SAFETY: the caller's contract; `wr` is the list built by
+        // post_recv_list, live across the call.
+        unsafe {
+            post_recv_list(list, "ibv_post_srq_recv", |wr, bad| {
+                ibv_post_srq_recv(self.ptr, wr, bad)
+            })
+        }
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from ibv_create_srq and is destroyed only here;
+        // every QP using it holds an Arc to it, so none remains.
+        let r = unsafe { ibv_destroy_srq(self.ptr) };
+        warn_destroy("ibv_destroy_srq", r);
+    }
+}
+
+/// A type-2 memory window: the only way a peer reaches a rendezvous region
+/// in a shared PD (§4.7). Deallocating it revokes every rkey it was bound
+/// with.
+pub(crate) struct Mw {
+    ptr: *mut ibv_mw,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: thread-safe verbs object, pointer only passed to libibverbs.
+unsafe impl Send for Mw {}
+
+impl Mw {
+    pub(crate) fn new(pd: &Arc<Pd>) -> Result<Mw, Error> {
+        // SAFETY: pd is live; rdma-sys checks that the provider has alloc_mw.
+        match unsafe { ibv_alloc_mw(pd.ptr, ibv_mw_type::IBV_MW_TYPE_2) } {
+            Some(ptr) if !ptr.is_null() => Ok(Mw {
+                ptr,
+                _pd: pd.clone(),
+            }),
+            _ => Err(verb_err("ibv_alloc_mw")),
+        }
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from ibv_alloc_mw and is deallocated only here.
+        let r = unsafe { ibv_dealloc_mw(self.ptr) };
+        warn_destroy("ibv_dealloc_mw", r);
+    }
+}
+
+/// Builds a linked list of receive work requests on the stack, a batch of
+/// up to [`POST_BATCH`] at a time, and hands each to `post` (an
+/// `ibv_post_recv` or `ibv_post_srq_recv`). Each entry is `(wr_id, addr,
+/// len, lkey)`.
+///
+/// # Safety
+/// `post` must post the list it is given to a live queue; the buffer rules
+/// of [`Qp::post_recvs`] apply to every range.
+unsafe fn post_recv_list(
+    list: &[(u64, u64, u32, u32)],
+    verb: &'static str,
+    mut post: impl FnMut(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> i32,
+) -> Result<(), Error> {
+    for batch in list.chunks(POST_BATCH) {
+        // SAFETY: ibv_sge / ibv_recv_wr are plain C data; zero is valid.
+        let mut sges: [ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut wrs: [ibv_recv_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+        let n = batch.len();
+        for (i, &(wr_id, addr, length, lkey)) in batch.iter().enumerate() {
+            sges[i] = ibv_sge { addr, length, lkey };
+            wrs[i].wr_id = wr_id;
+            wrs[i].num_sge = 1;
+        }
+        let base = wrs.as_mut_ptr();
+        let sbase = sges.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < n <= POST_BATCH: both pointers stay inside
+            // their arrays, which live on this frame across the call.
+            unsafe {
+                (*base.add(i)).sg_list = sbase.add(i);
+                if i + 1 < n {
+                    (*base.add(i)).next = base.add(i + 1);
+                }
+            }
+        }
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // The linked list and its SGEs live across the call (the provider
+        // copies them); buffer validity is the caller's contract.
+        let r = post(base, &mut bad);
+        if r != 0 {
+            return Err(Error::Verb {
+                verb,
+                errno: Errno(r),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Completion channel (its fd is made non-blocking for tokio's AsyncFd).
@@ -367,6 +533,15 @@ pub(crate) struct SendDesc {
     pub imm: Option<u32>,
 }
 
+/// Sizes of a QP, and the shared receive queue it takes receives from.
+pub(crate) struct QpCaps {
+    pub send_wr: u32,
+    /// Ignored with `srq`: the QP then has no receive queue of its own.
+    pub recv_wr: u32,
+    pub inline: u32,
+    pub srq: Option<Arc<Srq>>,
+}
+
 /// RC queue pair created through rdma_cm on a cm_id (rdma_cm drives the
 /// INIT/RTR/RTS transitions during connect/accept).
 pub(crate) struct Qp {
@@ -375,6 +550,7 @@ pub(crate) struct Qp {
     _pd: Arc<Pd>,
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
+    _srq: Option<Arc<Srq>>,
     pub(crate) max_inline: u32,
 }
 
@@ -387,10 +563,14 @@ impl Qp {
         pd: Arc<Pd>,
         send_cq: Arc<Cq>,
         recv_cq: Arc<Cq>,
-        send_wr: u32,
-        recv_wr: u32,
-        inline: u32,
+        caps: QpCaps,
     ) -> Result<Qp, Error> {
+        let QpCaps {
+            send_wr,
+            recv_wr,
+            inline,
+            srq,
+        } = caps;
         let mut inline_try = inline;
         loop {
             // SAFETY: ibv_qp_init_attr is plain C data; zero is valid.
@@ -400,12 +580,15 @@ impl Qp {
             attr.qp_type = ibv_qp_type::IBV_QPT_RC;
             attr.sq_sig_all = 0;
             attr.cap.max_send_wr = send_wr;
-            attr.cap.max_recv_wr = recv_wr;
+            // With a shared receive queue the QP has no receive queue of
+            // its own (§4.7).
+            attr.cap.max_recv_wr = if srq.is_some() { 0 } else { recv_wr };
+            attr.srq = srq.as_ref().map_or(std::ptr::null_mut(), |s| s.ptr);
             attr.cap.max_send_sge = 1;
             attr.cap.max_recv_sge = 1;
             attr.cap.max_inline_data = inline_try;
-            // SAFETY: id is resolved (has a device), pd/cq are live and on
-            // the same device; attr is fully initialised.
+            // SAFETY: id is resolved (has a device), pd/cq/srq are live and
+            // on the same device; attr is fully initialised.
             let r = unsafe { rdma_create_qp(id.ptr, pd.ptr, &mut attr) };
             if r == 0 {
                 // SAFETY: on success rdma_create_qp stored the QP in id->qp.
@@ -416,6 +599,7 @@ impl Qp {
                     _pd: pd,
                     _send_cq: send_cq,
                     _recv_cq: recv_cq,
+                    _srq: srq,
                     max_inline: attr.cap.max_inline_data,
                 });
             }
@@ -454,41 +638,62 @@ impl Qp {
     /// QP's PD that stays allocated and is neither read nor written by the
     /// CPU until the receive completes (or the QP is destroyed).
     pub(crate) unsafe fn post_recvs(&self, list: &[(u64, u64, u32, u32)]) -> Result<(), Error> {
-        for batch in list.chunks(POST_BATCH) {
-            // SAFETY: ibv_sge / ibv_recv_wr are plain C data; zero is valid.
-            let mut sges: [ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            let mut wrs: [ibv_recv_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
-            let n = batch.len();
-            for (i, &(wr_id, addr, length, lkey)) in batch.iter().enumerate() {
-                sges[i] = ibv_sge { addr, length, lkey };
-                wrs[i].wr_id = wr_id;
-                wrs[i].num_sge = 1;
-            }
-            let base = wrs.as_mut_ptr();
-            let sbase = sges.as_mut_ptr();
-            for i in 0..n {
-                // SAFETY: i < n <= POST_BATCH: both pointers stay inside
-                // their arrays, which live on this frame across the call.
-                unsafe {
-                    (*base.add(i)).sg_list = sbase.add(i);
-                    if i + 1 < n {
-                        (*base.add(i)).next = base.add(i + 1);
-                    }
-                }
-            }
-            let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-            // SAFETY: the linked list and its SGEs live across the call (the
-            // provider copies them); buffer validity is the caller's contract.
-            let r = unsafe { ibv_post_recv(self.qp, base, &mut bad) };
-            if r != 0 {
-                return Err(Error::Verb {
-                    verb: "ibv_post_recv",
-                    errno: Errno(r),
-                });
-            }
+        // SAFETY: the caller's contract; `wr` is the list built by
+        // post_recv_list, live across the call, and the QP is live.
+        unsafe {
+            post_recv_list(list, "ibv_post_recv", |wr, bad| {
+                ibv_post_recv(self.qp, wr, bad)
+            })
         }
-        Ok(())
+    }
+
+    /// Binds the type-2 window `mw` to this QP over `[addr, addr+len)` of
+    /// `mr` with remote write access, by a signaled bind work request
+    /// (`wr_id`), and returns the window's new rkey. Work requests posted
+    /// after it on this QP are executed after the bind (send queue order),
+    /// so an rkey sent in a later SEND is valid when the peer gets it.
+    ///
+    /// # Safety
+    /// `mr` is live, registered on this QP's PD with `IBV_ACCESS_MW_BIND`,
+    /// and `[addr, addr+len)` lies inside it; the memory stays registered
+    /// and allocated until `mw` is deallocated (which revokes the rkey),
+    /// and is only read through raw copies meanwhile (the peer may write it).
+    pub(crate) unsafe fn bind_window(
+        &self,
+        mw: &Mw,
+        mr: *mut ibv_mr,
+        addr: u64,
+        len: u64,
+        wr_id: u64,
+    ) -> Result<u32, Error> {
+        // SAFETY: mw is a live window (plain field read).
+        let rkey = unsafe { ibv_inc_rkey((*mw.ptr).rkey) };
+        // SAFETY: ibv_send_wr is plain C data (unions of PODs); zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.bind_mw_tso_union.bind_mw = bind_mw_t {
+            mw: mw.ptr,
+            rkey,
+            bind_info: ibv_mw_bind_info {
+                mr,
+                addr,
+                length: len,
+                mw_access_flags: ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+            },
+        };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; the work request lives across the call (the
+        // provider copies it); the memory rules are the caller's contract.
+        let r = unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) };
+        if r != 0 {
+            return Err(Error::Verb {
+                verb: "ibv_post_send(BIND_MW)",
+                errno: Errno(r),
+            });
+        }
+        Ok(rkey)
     }
 
     /// Posts SENDs and RDMA WRITEs in order, one `ibv_post_send` call per
