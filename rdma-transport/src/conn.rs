@@ -1575,7 +1575,9 @@ impl Driver {
     /// the engine waits for a send completion. Otherwise send completions
     /// wait for the next full poll, as they do while the driver sleeps
     /// (their CQ is not armed then either); a failed send still shows at
-    /// once, since it flushes the receive queue into the receive CQ.
+    /// once, since it flushes the receive queue into the receive CQ (not
+    /// with a shared receive queue, §4.7: there it shows at the next send
+    /// completion polled, at the latest the keepalive's).
     fn poll_cq_spin(&mut self) -> Result<usize, Error> {
         self.poll_cqs(false, false)
     }

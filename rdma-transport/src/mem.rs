@@ -336,20 +336,119 @@ pub(crate) struct RecvPool {
     buf_bytes: usize,
     max_buffers: usize,
     global_limit: usize,
-    state: Mutex<PoolState>,
+    state: Mutex<PoolState<Arc<RegisteredBuf>>>,
 }
 
-#[derive(Default)]
-struct PoolState {
-    chunks: Vec<Option<Arc<RegisteredBuf>>>,
+/// The shared pool's accounting, without verbs (host-tested): which
+/// buffers to post, which chunks to register and which to let go. `C` is a
+/// registered chunk (`Arc<RegisteredBuf>`; `()` in the tests).
+struct PoolState<C> {
+    chunks: Vec<Option<C>>,
     /// Per chunk, how many of its buffers are in `idle`.
     idle_in_chunk: Vec<usize>,
     /// Registered buffers neither posted nor held.
     idle: Vec<u32>,
+    /// Σ of the connections' credit limits.
     reserved: usize,
+    /// Buffers posted to the SRQ or held by a connection.
     active: usize,
-    /// Scratch list of receives to post (kept: no allocation per repost).
-    post: Vec<(u64, u64, u32, u32)>,
+    /// Scratch list of buffers to post (kept: no allocation per repost).
+    post: Vec<u32>,
+}
+
+impl<C> Default for PoolState<C> {
+    fn default() -> Self {
+        PoolState {
+            chunks: Vec::new(),
+            idle_in_chunk: Vec::new(),
+            idle: Vec::new(),
+            reserved: 0,
+            active: 0,
+            post: Vec::new(),
+        }
+    }
+}
+
+impl<C> PoolState<C> {
+    fn target(&self) -> usize {
+        self.reserved + POOL_SLACK
+    }
+
+    fn registered(&self) -> usize {
+        self.chunks.iter().flatten().count() * CHUNK_BUFFERS
+    }
+
+    /// Chunks to register before `reserve(n)` (0 when idle buffers cover
+    /// it), or an error when they would exceed `max_buffers`.
+    fn chunks_short(&self, n: usize, max_buffers: usize) -> Result<usize, usize> {
+        let short = (self.target() + n).saturating_sub(self.active);
+        let chunks = short
+            .saturating_sub(self.idle.len())
+            .div_ceil(CHUNK_BUFFERS);
+        if self.registered() + chunks * CHUNK_BUFFERS > max_buffers {
+            return Err(max_buffers);
+        }
+        Ok(chunks)
+    }
+
+    /// Adds a registered chunk; its buffers are idle.
+    fn add_chunk(&mut self, c: C) {
+        let k = match self.chunks.iter().position(Option::is_none) {
+            Some(k) => k,
+            None => {
+                self.chunks.push(None);
+                self.idle_in_chunk.push(0);
+                self.chunks.len() - 1
+            }
+        };
+        self.chunks[k] = Some(c);
+        self.idle_in_chunk[k] = CHUNK_BUFFERS;
+        let base = (k * CHUNK_BUFFERS) as u32;
+        self.idle
+            .extend((0..CHUNK_BUFFERS as u32).rev().map(|j| base + j));
+    }
+
+    /// Raises the sum of limits by `n` and moves idle buffers to `post`
+    /// until the target is met (the chunks were added first).
+    fn reserve(&mut self, n: usize) {
+        self.reserved += n;
+        self.post.clear();
+        while self.active < self.target() {
+            let Some(b) = self.idle.pop() else {
+                break; // not reached: chunks_short registered enough
+            };
+            self.idle_in_chunk[b as usize / CHUNK_BUFFERS] -= 1;
+            self.post.push(b);
+            self.active += 1;
+        }
+    }
+
+    /// Takes back buffers a connection is done with: into `post` while at
+    /// or below the target, idle above it, and a chunk whose buffers are
+    /// all idle is let go (removed from `chunks`, so dropped).
+    fn give_back(&mut self, bufs: &[u32]) {
+        self.post.clear();
+        for &b in bufs {
+            let k = b as usize / CHUNK_BUFFERS;
+            if self.chunks.get(k).is_none_or(Option::is_none) {
+                continue; // not one of ours: never posted again
+            }
+            if self.active > self.target() {
+                self.active -= 1;
+                self.idle.push(b);
+                self.idle_in_chunk[k] += 1;
+                if self.idle_in_chunk[k] == CHUNK_BUFFERS {
+                    // No buffer of this chunk is posted or held: the NIC
+                    // cannot write it any more.
+                    self.idle.retain(|&i| i as usize / CHUNK_BUFFERS != k);
+                    self.idle_in_chunk[k] = 0;
+                    self.chunks[k] = None;
+                }
+            } else {
+                self.post.push(b);
+            }
+        }
+    }
 }
 
 impl RecvPool {
@@ -379,7 +478,7 @@ impl RecvPool {
         &self.pd
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState<Arc<RegisteredBuf>>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -388,51 +487,23 @@ impl RecvPool {
     /// matters, if the SRQ or the registration cap is full.
     pub(crate) fn reserve(&self, n: usize) -> Result<(), Error> {
         let mut st = self.lock();
-        let want = st.reserved + n + POOL_SLACK;
-        let registered = st.chunks.iter().flatten().count() * CHUNK_BUFFERS;
-        let short = want.saturating_sub(st.active);
-        if short > st.idle.len() {
-            let need = (short - st.idle.len()).div_ceil(CHUNK_BUFFERS) * CHUNK_BUFFERS;
-            if registered + need > self.max_buffers {
-                return Err(Error::ResourceLimit(format!(
-                    "the shared receive queue holds at most {} buffers (shared_receive_max_buffers or the device's max_srq_wr)",
-                    self.max_buffers
-                )));
-            }
-            for _ in 0..need / CHUNK_BUFFERS {
-                let chunk = RegisteredBuf::new(
-                    &self.pd,
-                    CHUNK_BUFFERS * self.buf_bytes,
-                    Access::Local,
-                    self.global_limit,
-                )?;
-                let k = match st.chunks.iter().position(Option::is_none) {
-                    Some(k) => k,
-                    None => {
-                        st.chunks.push(None);
-                        st.idle_in_chunk.push(0);
-                        st.chunks.len() - 1
-                    }
-                };
-                st.chunks[k] = Some(Arc::new(chunk));
-                st.idle_in_chunk[k] = CHUNK_BUFFERS;
-                let base = (k * CHUNK_BUFFERS) as u32;
-                st.idle
-                    .extend((0..CHUNK_BUFFERS as u32).rev().map(|j| base + j));
-            }
+        let chunks = st.chunks_short(n, self.max_buffers).map_err(|max| {
+            Error::ResourceLimit(format!(
+                "the shared receive queue holds at most {max} buffers \
+                 (shared_receive_max_buffers or the device's max_srq_wr)"
+            ))
+        })?;
+        for _ in 0..chunks {
+            let chunk = RegisteredBuf::new(
+                &self.pd,
+                CHUNK_BUFFERS * self.buf_bytes,
+                Access::Local,
+                self.global_limit,
+            )?;
+            st.add_chunk(Arc::new(chunk));
         }
-        st.reserved += n;
-        let mut post = std::mem::take(&mut st.post);
-        post.clear();
-        while st.active < want {
-            let b = st.idle.pop().expect("registered enough above");
-            st.idle_in_chunk[b as usize / CHUNK_BUFFERS] -= 1;
-            post.push(self.recv_desc(&st, b));
-            st.active += 1;
-        }
-        let r = self.post(&post);
-        st.post = post;
-        r
+        st.reserve(n);
+        self.post(&mut st)
     }
 
     /// Lowers the sum of credit limits by `n` (a connection closed).
@@ -450,61 +521,44 @@ impl RecvPool {
         Some((chunk, (b as usize % CHUNK_BUFFERS) * self.buf_bytes))
     }
 
-    /// Takes back buffers a connection is done with: reposted while the
-    /// pool is at or below its target, idle (and their chunk deregistered
-    /// once all of it is idle) above it.
+    /// Takes back buffers a connection is done with ([`PoolState::give_back`]).
     pub(crate) fn give_back(&self, bufs: &[u32]) -> Result<(), Error> {
         if bufs.is_empty() {
             return Ok(());
         }
         let mut st = self.lock();
-        let target = st.reserved + POOL_SLACK;
-        let mut post = std::mem::take(&mut st.post);
-        post.clear();
-        for &b in bufs {
-            let k = b as usize / CHUNK_BUFFERS;
-            if st.chunks.get(k).is_none_or(Option::is_none) {
-                continue; // not ours: ignored (never posted again)
+        st.give_back(bufs);
+        self.post(&mut st)
+    }
+
+    /// Posts the buffers in `st.post` to the SRQ, one call.
+    fn post(&self, st: &mut PoolState<Arc<RegisteredBuf>>) -> Result<(), Error> {
+        let mut list: [(u64, u64, u32, u32); crate::verbs::POST_BATCH] =
+            [(0, 0, 0, 0); crate::verbs::POST_BATCH];
+        for batch in st.post.chunks(crate::verbs::POST_BATCH) {
+            for (d, &b) in list.iter_mut().zip(batch) {
+                let k = b as usize / CHUNK_BUFFERS;
+                let chunk = st.chunks[k]
+                    .as_ref()
+                    .expect("a posted buffer's chunk is registered");
+                let off = (b as usize % CHUNK_BUFFERS) * self.buf_bytes;
+                *d = (
+                    (WR_SRQ << 56) | u64::from(b),
+                    chunk.addr() + off as u64,
+                    self.buf_bytes as u32,
+                    chunk.lkey(),
+                );
             }
-            if st.active > target {
-                st.active -= 1;
-                st.idle.push(b);
-                st.idle_in_chunk[k] += 1;
-                if st.idle_in_chunk[k] == CHUNK_BUFFERS {
-                    // No buffer of this chunk is posted or held: the NIC
-                    // cannot write it any more.
-                    st.idle.retain(|&i| i as usize / CHUNK_BUFFERS != k);
-                    st.idle_in_chunk[k] = 0;
-                    st.chunks[k] = None;
-                }
-            } else {
-                post.push(self.recv_desc(&st, b));
-            }
+            // SAFETY: each range is one buffer of a chunk registered on the
+            // SRQ's PD (above); the chunk stays registered while the buffer
+            // is posted or held (PoolState::give_back lets a chunk go only
+            // when all of its buffers are idle; the pool drops the SRQ
+            // before its chunks), and no connection reads a buffer before
+            // the receive into it completes.
+            unsafe { self.srq.post(&list[..batch.len()]) }?;
         }
-        let r = self.post(&post);
-        st.post = post;
-        r
-    }
-
-    fn recv_desc(&self, st: &PoolState, b: u32) -> (u64, u64, u32, u32) {
-        let k = b as usize / CHUNK_BUFFERS;
-        let chunk = st.chunks[k].as_ref().expect("a registered chunk");
-        let off = (b as usize % CHUNK_BUFFERS) * self.buf_bytes;
-        (
-            (WR_SRQ << 56) | u64::from(b),
-            chunk.addr() + off as u64,
-            self.buf_bytes as u32,
-            chunk.lkey(),
-        )
-    }
-
-    fn post(&self, list: &[(u64, u64, u32, u32)]) -> Result<(), Error> {
-        // SAFETY: each range is one buffer of a chunk registered on the
-        // SRQ's PD (recv_desc); the chunk stays registered while the buffer
-        // is posted or held (give_back frees a chunk only when all of its
-        // buffers are idle; the pool drops the SRQ before its chunks), and
-        // no connection reads a buffer before the receive into it completes.
-        unsafe { self.srq.post(list) }
+        st.post.clear();
+        Ok(())
     }
 }
 
@@ -978,5 +1032,120 @@ impl Buffers for ConnMemory {
         self.recv
             .ensure(&self.pd, n as usize, self.global_limit)
             .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    use super::*;
+
+    fn pool() -> PoolState<()> {
+        PoolState::default()
+    }
+
+    /// reserve(n) as RecvPool does it, without verbs; returns the posts.
+    fn reserve(p: &mut PoolState<()>, n: usize, max: usize) -> Result<Vec<u32>, usize> {
+        for _ in 0..p.chunks_short(n, max)? {
+            p.add_chunk(());
+        }
+        p.reserve(n);
+        Ok(std::mem::take(&mut p.post))
+    }
+
+    fn give_back(p: &mut PoolState<()>, bufs: &[u32]) -> Vec<u32> {
+        p.give_back(bufs);
+        std::mem::take(&mut p.post)
+    }
+
+    #[test]
+    fn reservations_are_posted_with_the_slack_in_whole_chunks() {
+        let mut p = pool();
+        let posted = reserve(&mut p, 4, 1 << 14).unwrap();
+        assert_eq!(
+            posted.len(),
+            4 + POOL_SLACK,
+            "the first connection's 4 and the slack"
+        );
+        assert_eq!(
+            p.registered(),
+            2 * CHUNK_BUFFERS,
+            "20 buffers take 2 chunks"
+        );
+        // 3 more connections fit in the idle buffers: no registration.
+        for _ in 0..3 {
+            assert_eq!(reserve(&mut p, 4, 1 << 14).unwrap().len(), 4);
+        }
+        assert_eq!((p.active, p.registered()), (32, 32));
+        // The next one needs a chunk.
+        assert_eq!(reserve(&mut p, 4, 1 << 14).unwrap().len(), 4);
+        assert_eq!(p.registered(), 48);
+        let mut all: Vec<u32> = Vec::new();
+        let mut q = pool();
+        for _ in 0..5 {
+            all.extend(reserve(&mut q, 4, 1 << 14).unwrap());
+        }
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 36, "no buffer is posted twice");
+    }
+
+    #[test]
+    fn the_cap_refuses_a_reservation_and_changes_nothing() {
+        let mut p = pool();
+        reserve(&mut p, 4, 32).unwrap();
+        reserve(&mut p, 12, 32).unwrap(); // 32 = 2 chunks, all active
+        assert_eq!(reserve(&mut p, 4, 32), Err(32));
+        assert_eq!((p.reserved, p.active, p.registered()), (16, 32, 32));
+    }
+
+    #[test]
+    fn buffers_are_reposted_at_the_target_and_let_go_above_it() {
+        let mut p = pool();
+        let posted = reserve(&mut p, 4, 1 << 14).unwrap();
+        // A message arrives in each buffer and is consumed: all reposted.
+        assert_eq!(give_back(&mut p, &posted), posted);
+        // The connection closes holding 2 buffers: its credits leave the
+        // target (16), the pool holds 20 → 2 go idle, none reposted.
+        p.reserved -= 4;
+        assert!(give_back(&mut p, &posted[..2]).is_empty());
+        assert_eq!((p.active, p.idle.len()), (18, 14));
+        // Traffic from other connections brings the rest back over time: the
+        // pool shrinks to its target and lets a chunk go once it is all idle.
+        assert!(give_back(&mut p, &posted[2..4]).is_empty());
+        assert_eq!(p.active, 16);
+        assert_eq!(
+            p.registered(),
+            2 * CHUNK_BUFFERS,
+            "chunk 1 still has posted buffers"
+        );
+        let mut q = pool();
+        let posted = reserve(&mut q, 4, 1 << 14).unwrap();
+        q.reserved = 0; // every connection gone
+                        // Chunk 0's 4 posted buffers come back first: all of it is then idle.
+        let order: Vec<u32> = posted[16..].iter().chain(&posted[..16]).copied().collect();
+        assert!(order[..4].iter().all(|&b| (b as usize) < CHUNK_BUFFERS));
+        let reposted = give_back(&mut q, &order);
+        assert_eq!(reposted.len(), POOL_SLACK, "the slack stays posted");
+        assert_eq!(
+            q.registered(),
+            CHUNK_BUFFERS,
+            "the chunk with only idle buffers is gone"
+        );
+        assert!(q
+            .idle
+            .iter()
+            .all(|&b| (b as usize) < CHUNK_BUFFERS * q.chunks.len()));
+        assert!(q
+            .idle
+            .iter()
+            .all(|&b| q.chunks[b as usize / CHUNK_BUFFERS].is_some()));
+    }
+
+    #[test]
+    fn a_foreign_buffer_is_ignored() {
+        let mut p = pool();
+        reserve(&mut p, 4, 1 << 14).unwrap();
+        assert!(give_back(&mut p, &[999_999]).is_empty());
+        assert_eq!(p.active, 20);
     }
 }

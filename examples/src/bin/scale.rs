@@ -211,6 +211,13 @@ struct ProcFigures {
     rss_peak_bytes: u64,
     threads: u64,
     fds: u64,
+    /// Connections established so far, and how many of them take their
+    /// receive buffers from a listener's shared receive queue (wire
+    /// protocol §4.7; the server's, on a device with SRQs and windows).
+    #[serde(default)]
+    connections_total: u64,
+    #[serde(default)]
+    shared_receive_connections: u64,
 }
 
 /// A `kB` field of /proc/self/status, in bytes.
@@ -235,6 +242,8 @@ fn proc_figures() -> ProcFigures {
         rss_peak_bytes: status_bytes(&status, "VmHWM"),
         threads: status_field(&status, "Threads"),
         fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
+        connections_total: rdma_transport::global_stats().connections,
+        shared_receive_connections: rdma_transport::global_stats().shared_receive_connections,
     }
 }
 
@@ -1482,6 +1491,14 @@ fn render(
             }
         }
         out.push('\n');
+    }
+    if let Some(x) = steps.iter().rev().find_map(|s| s.server.as_ref()) {
+        let _ = writeln!(
+            out,
+            "\nServer: {} of the {} connections it accepted took their receive buffers \
+             from its shared receive queue (wire protocol §4.7).",
+            x.shared_receive_connections, x.connections_total
+        );
     }
     for s in steps {
         if let Some(why) = &s.stopped {
