@@ -304,6 +304,8 @@ fn engine_config(peer: Hello, write_imm: bool, on_demand: bool) -> EngineConfig 
         max_inline: 64,
         write_imm,
         zero_length_write_any_rkey: write_imm,
+        // §4.7: the revoke exchange too, where memory is on demand.
+        revoke_idle: on_demand,
         peer,
     }
 }

@@ -13,7 +13,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::config::{Config, PollMode};
-use crate::engine::wire::{Hello, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_WRITE_IMM, VERSION};
+use crate::engine::wire::{
+    Hello, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_REVOCABLE, HELLO_FLAG_WRITE_IMM, VERSION,
+};
 use crate::engine::{
     Action, Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
 };
@@ -258,7 +260,8 @@ fn build_resources(
         0
     };
     if cfg.memory_on_demand {
-        flags |= HELLO_FLAG_ON_DEMAND;
+        // §4.7: and we answer a peer's credit revoke.
+        flags |= HELLO_FLAG_ON_DEMAND | HELLO_FLAG_REVOCABLE;
     }
     let hello = Hello {
         version: VERSION,
@@ -301,6 +304,8 @@ fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> EngineConfig {
         max_inline,
         write_imm: res.hello.flags & peer.flags & HELLO_FLAG_WRITE_IMM != 0,
         zero_length_write_any_rkey: !res.iwarp,
+        // §4.7: only a shared receive queue can take receives back.
+        revoke_idle: res.mem.is_shared(),
         peer,
     }
 }

@@ -166,6 +166,17 @@ pub enum PeerMisbehaved {
         /// What was wrong with it.
         why: &'static str,
     },
+    /// A credit revoke (§4.7) to a limit below the hello's credits or not
+    /// below the current one, or while one is being answered.
+    #[error("credit revoke to {limit}: the limit is {current}, the hello's credits {initial}, and a revoke may only lower it, once at a time, not below the hello's")]
+    CreditRevokeRange {
+        /// The limit the revoke asked for.
+        limit: u64,
+        /// Our limit when it arrived.
+        current: u32,
+        /// The hello's credits.
+        initial: u32,
+    },
     /// An RDV_GRANT whose region wraps around the address space.
     #[error("granted rendezvous region at {addr:#x} wraps around the address space")]
     GrantRegionOverflow {

@@ -1018,6 +1018,31 @@ impl Buffers for ConnMemory {
     fn shrink_send(&mut self, n: u32) {
         self.send.trim(n as usize);
     }
+    fn shrink_recv(&mut self, n: u32) {
+        // §4.7: the peer released the credits above `n`. Its slots leave
+        // the queue of posted ones (no message can be on its way to them:
+        // the peer holds at most `n` credits, and the queue keeps `n`
+        // slots), the buffer of the one being read goes back, and so does
+        // the pool's reservation.
+        let Some(sh) = self.shared.as_mut() else {
+            return;
+        };
+        let n = n as usize;
+        sh.posted.retain(|&(slot, _)| (slot as usize) < n);
+        sh.back.clear();
+        for h in sh.bound.iter_mut().skip(n) {
+            if let Some(h) = h.take() {
+                sh.back.push(h.buf);
+            }
+        }
+        if n < sh.reserved {
+            sh.pool.unreserve(sh.reserved - n);
+            sh.reserved = n;
+        }
+        if let Err(e) = sh.pool.give_back(&sh.back) {
+            tracing::warn!("shared receive pool: reposting failed: {e}");
+        }
+    }
     fn grow_recv(&mut self, n: u32) -> Result<(), String> {
         if let Some(sh) = self.shared.as_mut() {
             let n = (n as usize).min(sh.bound.len());

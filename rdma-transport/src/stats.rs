@@ -50,6 +50,11 @@ stats! {
     /// Zero-length RDMA WRITEs the active side posted while waiting for the
     /// passive side's first message (wire-protocol-rdma §2.3 step 6).
     setup_kicks,
+    /// Credit grants sent: a receive ring grew (wire-protocol-rdma §4.6).
+    credit_grants,
+    /// Credit revokes released by the peer: a grown receive ring went back
+    /// to its initial size (wire-protocol-rdma §4.7).
+    credit_revokes,
     /// Connections established.
     connections,
     /// Of those, connections whose receive buffers come from a listener's
@@ -106,6 +111,16 @@ impl ConnStats {
                 &self.credit_msgs,
                 &GLOBAL.credit_msgs,
                 now.credit_msgs - last.credit_msgs,
+            ),
+            (
+                &self.credit_grants,
+                &GLOBAL.credit_grants,
+                now.credit_grants - last.credit_grants,
+            ),
+            (
+                &self.credit_revokes,
+                &GLOBAL.credit_revokes,
+                now.credit_revokes - last.credit_revokes,
             ),
         ];
         for (c, g, d) in pairs {

@@ -1090,3 +1090,110 @@ async fn a_shared_receive_queue_serves_every_connection() {
     .await
     .expect("timeout");
 }
+
+/// Wire §4.7: with a shared receive queue, a listener's connection whose
+/// receive credits grew under a burst gives them back after an idle
+/// interval (REVOKE, the client's RELEASED), and keeps working: messages
+/// both ways, and its credits grow again under the next burst. On siw,
+/// without SRQ, its ring stays grown (a posted receive cannot be taken back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_credits_go_back_to_the_shared_pool() {
+    let Some(ip) = device_ip("idle_credits_go_back_to_the_shared_pool") else {
+        return;
+    };
+    let shared = !iwarp();
+    tokio::time::timeout(Duration::from_secs(90), async {
+        let cfg = Config {
+            memory_idle_release: Duration::from_millis(500),
+            ..Config::default()
+        };
+        let base = rdma_transport::registered_bytes();
+        let (c, s) = pair(ip, &cfg).await;
+        let sst = s.stats();
+        let (mut ctx, mut crx) = c.split();
+        let (mut stx, mut srx) = s.split();
+        let burst =
+            |round: u64| -> Vec<Bytes> { (0..32).map(|k| pattern(round * 100 + k, 100)).collect() };
+        let mut grew = false;
+        for round in 0..20u64 {
+            let msgs = burst(round);
+            for m in &msgs {
+                ctx.send(m.clone()).await.unwrap();
+            }
+            for m in &msgs {
+                assert!(srx.recv().await.unwrap().unwrap() == *m);
+            }
+            if sst.snapshot().credit_grants > 0 {
+                grew = true;
+                break;
+            }
+        }
+        assert!(grew, "the listener's receive credits grew under bursts");
+        let grown = rdma_transport::registered_bytes() - base;
+        let t = Instant::now();
+        if shared {
+            while sst.snapshot().credit_revokes == 0 {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "no credit revoke 20 s into an idle connection"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            println!(
+                "grants {}, then idle: credits revoked and released after {:.1} s; \
+                 registered {} KiB grown, {} KiB after (the pool keeps its posted buffers \
+                 until traffic takes them)",
+                sst.snapshot().credit_grants,
+                t.elapsed().as_secs_f64(),
+                grown >> 10,
+                (rdma_transport::registered_bytes() - base) >> 10
+            );
+        } else {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            assert_eq!(
+                sst.snapshot().credit_revokes,
+                0,
+                "a ring of its own is never revoked"
+            );
+            println!("siw: no shared receive queue, the grown ring stays (no revoke)");
+        }
+        // Still a working connection, both ways.
+        stx.send(Bytes::from_static(b"after the revoke"))
+            .await
+            .unwrap();
+        assert_eq!(&crx.recv().await.unwrap().unwrap()[..], b"after the revoke");
+        ctx.send(pattern(9, 300_000)).await.unwrap();
+        assert!(srx.recv().await.unwrap().unwrap() == pattern(9, 300_000));
+        // And the credits grow again under the next bursts.
+        let grants = sst.snapshot().credit_grants;
+        for round in 100..120u64 {
+            let msgs = burst(round);
+            for m in &msgs {
+                ctx.send(m.clone()).await.unwrap();
+            }
+            for m in &msgs {
+                assert!(srx.recv().await.unwrap().unwrap() == *m);
+            }
+            if !shared || sst.snapshot().credit_grants > grants {
+                break;
+            }
+        }
+        if shared {
+            assert!(sst.snapshot().credit_grants > grants, "grown again");
+        }
+        drop((ctx, crx, stx, srx));
+        for _ in 0..200 {
+            if rdma_transport::registered_bytes() <= base {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            rdma_transport::registered_bytes(),
+            base,
+            "everything freed at close"
+        );
+    })
+    .await
+    .expect("timeout");
+}

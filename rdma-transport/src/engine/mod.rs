@@ -49,6 +49,13 @@ pub trait Buffers {
     /// Makes receive slots `0..n` usable (registers what is missing; §4.6);
     /// the engine posts them.
     fn grow_recv(&mut self, n: u32) -> Result<(), String>;
+    /// §4.7: the peer released credits, so receive slots `n..` are retired:
+    /// none is posted again, and those still posted are withdrawn (only
+    /// possible with a shared receive queue, where "posted" is a slot queued
+    /// for the next buffer the SRQ fills). Called only by an engine with
+    /// [`EngineConfig::revoke_idle`]; the slot the current message arrived
+    /// in may be among them (its header was read already).
+    fn shrink_recv(&mut self, _n: u32) {}
 }
 
 /// Most a rendezvous message reserves before its data arrived (§5.3).
@@ -212,8 +219,23 @@ pub struct EngineConfig {
     /// while no region of the peer's is held are such a WRITE, invisible to
     /// the peer's CPU. Otherwise (iWARP) they are a CREDIT message.
     pub zero_length_write_any_rkey: bool,
+    /// §4.7: take back, after an idle interval, the credits granted beyond
+    /// the initial ones (a REVOKE / RELEASED exchange), if the peer's hello
+    /// says it answers revokes. Only where the receive buffers come from a
+    /// shared receive queue: a posted receive cannot be withdrawn from a QP.
+    pub revoke_idle: bool,
     /// The peer's hello.
     pub peer: Hello,
+}
+
+/// §4.7: where a credit revoke of ours stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Revoke {
+    None,
+    /// To send: the new limit.
+    Due(u32),
+    /// Sent; RELEASED with this limit awaited.
+    Sent(u32),
 }
 
 impl EngineConfig {
@@ -329,6 +351,11 @@ pub struct EngineCounters {
     pub bytes_sent: u64,
     /// Payload bytes received.
     pub bytes_recv: u64,
+    /// Credit grants sent: the receive ring grew (§4.6).
+    pub credit_grants: u64,
+    /// Credit revokes the peer released: the receive ring went back to its
+    /// initial size (§4.7).
+    pub credit_revokes: u64,
 }
 
 /// The per-connection protocol state machine.
@@ -370,6 +397,16 @@ pub struct Engine {
     recv_max: u32,
     /// A credit grant (§4.6) to send: the new limit.
     grant_due: bool,
+    /// §4.7: our credit revoke.
+    revoke: Revoke,
+    /// Messages received at the last idle tick (§4.7: a ring with none
+    /// since is idle).
+    recv_seen: u64,
+    /// §4.7, sender side: credits the peer's revoke still wants back.
+    debt: u32,
+    /// §4.7, sender side: RELEASED to send (the revoked limit) once the
+    /// debt is paid.
+    released_due: Option<u32>,
     local_rdv: LocalRdv,
     /// Address of our region's buffer 0 while registered.
     rdv_addr: u64,
@@ -447,6 +484,10 @@ impl Engine {
             },
             recv_max: cfg.recv_slots,
             grant_due: false,
+            revoke: Revoke::None,
+            recv_seen: 0,
+            debt: 0,
+            released_due: None,
             local_rdv: if cfg.on_demand {
                 LocalRdv::Absent
             } else {
@@ -750,15 +791,73 @@ impl Engine {
             self.credits += limit - self.credit_limit;
             self.credit_limit = limit;
         }
+        // §4.7: the peer takes back credits it granted: a lower limit, and a
+        // debt our credits pay before we use them.
+        if h.flags & wire::FLAG_REVOKE != 0 {
+            if h.kind != Kind::Credit || !self.peer_on_demand() {
+                return Self::proto(PeerMisbehaved::OnDemandUnexpected {
+                    kind: h.kind.name(),
+                    why: "with the credit-revoke flag, which only an on-demand peer's CREDIT may carry",
+                });
+            }
+            let limit = h.total_len;
+            if self.debt > 0
+                || self.released_due.is_some()
+                || limit < u64::from(self.cfg.peer.credits)
+                || limit >= u64::from(self.credit_limit)
+            {
+                return Self::proto(PeerMisbehaved::CreditRevokeRange {
+                    limit,
+                    current: self.credit_limit,
+                    initial: self.cfg.peer.credits,
+                });
+            }
+            let limit = limit as u32; // < credit_limit, a u32
+            self.debt = self.credit_limit - limit;
+            self.credit_limit = limit;
+            self.released_due = Some(limit);
+        }
+        // §4.7: the answer to our revoke: the peer holds no more than the
+        // new limit; the slots above it are retired.
+        if h.flags & wire::FLAG_RELEASED != 0 {
+            match self.revoke {
+                Revoke::Sent(limit) if h.kind == Kind::Credit && h.total_len == u64::from(limit) => {
+                    self.revoke = Revoke::None;
+                    self.recv_active = limit;
+                    self.counters.credit_revokes += 1;
+                    // Reposts of retired slots not yet handed to the
+                    // memory layer are dropped with them (their credits
+                    // stay owed: those messages did arrive).
+                    self.actions.retain(
+                        |a| !matches!(a, Action::PostRecv { slot, .. } if *slot >= limit),
+                    );
+                    bufs.shrink_recv(limit);
+                }
+                _ => {
+                    return Self::proto(PeerMisbehaved::OnDemandUnexpected {
+                        kind: h.kind.name(),
+                        why: "with the released flag, which only answers our credit revoke (a CREDIT with its limit)",
+                    })
+                }
+            }
+        }
         // §4.2: credits returned by the peer (u64: no overflow whatever it sends).
+        // §4.7: while a revoke's debt is unpaid, credits and the debt
+        // together stay within the old limit.
         let credits = u64::from(self.credits) + u64::from(h.credit_return);
-        if credits > u64::from(self.credit_limit) {
+        let most = u64::from(self.credit_limit) + u64::from(self.debt);
+        if credits > most {
             return Self::proto(PeerMisbehaved::TooManyCredits {
                 credits,
-                granted: self.credit_limit,
+                granted: most as u32,
             });
         }
-        self.credits = credits as u32; // <= credit_limit, a u32
+        // §4.7: credits beyond the one reserved for CREDIT messages (§4.3)
+        // pay the debt first.
+        let pay = u64::from(self.debt).min(credits.saturating_sub(1));
+        self.debt -= pay as u32;
+        let credits = credits - pay;
+        self.credits = credits as u32; // <= credit_limit + debt, a u32
                                        // §5.3: rendezvous buffers returned by the peer (in order). None
                                        // can come back while we hold no region of the peer's (§5.5).
         let avail = u64::from(self.peer_rdv_avail) + u64::from(h.rdv_return);
@@ -914,13 +1013,17 @@ impl Engine {
                 granted: self.recv_active,
             });
         }
-        // §4.3: repost immediately; the credit becomes returnable.
+        // §4.3: repost immediately; the credit becomes returnable. A slot
+        // the peer's RELEASED retired (§4.7; possibly the one that carried
+        // it) is not posted again.
         let g = (gen + 1) & 0xff_ffff;
         self.recv_gen[slot as usize] = g;
-        self.actions.push(Action::PostRecv {
-            slot,
-            wr_id: recv_wr_id(slot, g),
-        });
+        if slot < self.recv_active {
+            self.actions.push(Action::PostRecv {
+                slot,
+                wr_id: recv_wr_id(slot, g),
+            });
+        }
         self.owed_total += 1;
         // §4.6: the peer used half its credits on messages other than
         // CREDIT before we could return them: grow the ring (up to
@@ -930,6 +1033,7 @@ impl Engine {
         // carries one call.
         if self.cfg.on_demand
             && !self.hold_returns
+            && self.revoke == Revoke::None
             && self.recv_active < self.recv_max
             && self.owed_data * 2 >= self.recv_active
         {
@@ -1208,6 +1312,15 @@ impl Engine {
         self.local_rdv == LocalRdv::Granted
             || self.staging_open
             || self.send_active > self.cfg.initial_send()
+            || self.revocable()
+    }
+
+    /// §4.7: credits beyond the initial ones that a revoke could take back.
+    fn revocable(&self) -> bool {
+        self.cfg.revoke_idle
+            && self.cfg.peer.flags & wire::HELLO_FLAG_REVOCABLE != 0
+            && self.revoke == Revoke::None
+            && self.recv_active > self.cfg.initial_recv_slots.clamp(1, self.cfg.recv_slots)
     }
 
     /// Memory on demand (§5.5), called by the driver once per idle
@@ -1217,6 +1330,17 @@ impl Engine {
     /// the staging buffers are released, the send ring shrinks to its
     /// initial size.
     pub fn on_idle_tick<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
+        // §4.7: a ring that grew and received nothing for a whole interval
+        // goes back to its initial size (a REVOKE, then the peer's RELEASED).
+        if self.revocable()
+            && self.counters.msgs_recv == self.recv_seen
+            && !self.grant_due
+            && !self.hold_returns
+            && !self.peer_closed
+        {
+            self.revoke = Revoke::Due(self.cfg.initial_recv_slots.clamp(1, self.cfg.recv_slots));
+        }
+        self.recv_seen = self.counters.msgs_recv;
         if self.local_rdv == LocalRdv::Granted
             && !self.rdv_used
             && self.reasm.is_none()
@@ -1297,6 +1421,7 @@ impl Engine {
                         });
                     }
                     self.recv_active = new;
+                    self.counters.credit_grants += 1;
                     let mut h = Header::new(Kind::Credit);
                     h.flags = FLAG_GRANT;
                     h.total_len = u64::from(new);
@@ -1304,6 +1429,31 @@ impl Engine {
                 }
                 // The cap: stay at this size.
                 Err(_) => self.recv_max = self.recv_active,
+            }
+        }
+        // §4.7: our revoke. Like data it leaves the last credit reserved
+        // for CREDIT messages (§4.3): it may return nothing, and a side that
+        // spent its last credit on a message returning nothing could meet a
+        // peer that did the same (both at 0 credits, each owing the other:
+        // found by random_pairs_deliver_everything_before_any_close).
+        if let Revoke::Due(limit) = self.revoke {
+            if self.credits >= 2 && !self.free_send.is_empty() && self.sq_room(1) {
+                self.revoke = Revoke::Sent(limit);
+                let mut h = Header::new(Kind::Credit);
+                h.flags = wire::FLAG_REVOKE;
+                h.total_len = u64::from(limit);
+                self.post_control(bufs, h);
+            }
+        }
+        // §4.7: the peer's revoke is paid: say so (not on the credit
+        // reserved for CREDIT messages, §4.3, as the revoke above).
+        if let (0, Some(limit)) = (self.debt, self.released_due) {
+            if self.credits >= 2 && !self.free_send.is_empty() && self.sq_room(1) {
+                self.released_due = None;
+                let mut h = Header::new(Kind::Credit);
+                h.flags = wire::FLAG_RELEASED;
+                h.total_len = u64::from(limit);
+                self.post_control(bufs, h);
             }
         }
         // §5.5: our region, on demand.
@@ -1497,7 +1647,10 @@ impl Engine {
         let low = self.recv_active.saturating_sub(1).max(half);
         let rdv_half = (self.cfg.rdv_count / 2).max(1);
         let rdv_due = self.rdv_owed >= rdv_half || (self.rdv_owed > 0 && self.reasm.is_none());
-        let owed = self.owed_data >= half || self.owed_total >= low || rdv_due;
+        // §4.7: while our revoke waits for RELEASED, every credit owed goes
+        // back at once, so the peer can pay its debt.
+        let revoking = matches!(self.revoke, Revoke::Sent(_)) && self.owed_total > 0;
+        let owed = self.owed_data >= half || self.owed_total >= low || rdv_due || revoking;
         let due = (owed && !self.hold_returns) || self.force_credit;
         if due && self.credits >= 1 && !self.free_send.is_empty() && self.sq_room(1) {
             let h = Header::new(Kind::Credit);

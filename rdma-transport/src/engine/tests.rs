@@ -32,6 +32,8 @@ struct Mem {
     staging_closes: u32,
     /// open_rdv / open_staging / grow_* fail (the registered-memory cap).
     refuse: bool,
+    /// shrink_recv calls (§4.7).
+    shrinks: u32,
 }
 
 impl Buffers for Mem {
@@ -103,6 +105,15 @@ impl Buffers for Mem {
         self.recv_active = n;
         Ok(())
     }
+    fn shrink_recv(&mut self, n: u32) {
+        assert!(
+            n < self.recv_active,
+            "shrink to {n} from {}",
+            self.recv_active
+        );
+        self.recv_active = n;
+        self.shrinks += 1;
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -121,6 +132,8 @@ struct P {
     initial: u32,
     /// The device takes zero-length WRITEs without a valid rkey (§4.4).
     zero_write: bool,
+    /// §4.7: revokes idle credits (a shared receive queue).
+    revoke: bool,
 }
 
 impl P {
@@ -137,6 +150,7 @@ impl P {
             on_demand: false,
             initial: 8,
             zero_write: true,
+            revoke: false,
         }
     }
     /// Memory on demand, rings starting at 4 of 8 slots.
@@ -162,7 +176,7 @@ impl P {
             } else {
                 0
             } | if self.on_demand {
-                wire::HELLO_FLAG_ON_DEMAND
+                wire::HELLO_FLAG_ON_DEMAND | wire::HELLO_FLAG_REVOCABLE
             } else {
                 0
             },
@@ -193,6 +207,7 @@ impl P {
             staging_opens: 0,
             staging_closes: 0,
             refuse: false,
+            shrinks: 0,
         }
     }
     fn engine(&self, peer: &P) -> Engine {
@@ -215,6 +230,7 @@ impl P {
             max_inline: self.inline,
             write_imm: self.imm && peer.imm,
             zero_length_write_any_rkey: self.zero_write,
+            revoke_idle: self.revoke,
             peer: peer.hello(),
         })
         .expect("valid peer hello")
@@ -247,7 +263,17 @@ struct Side {
     wire: VecDeque<Op>, // ops this side posted, not yet executed by the "NIC"
     got: Vec<Bytes>,
     closed: bool,
+    /// §4.7: receives come from a shared receive queue (with `P::revoke`):
+    /// the "NIC" places a message in a pool buffer (its bytes here, in
+    /// completion order, `None` for a WRITE with immediate), and the slot
+    /// is bound when the completion is processed, as `ConnMemory::map_recv`
+    /// does.
+    srq: bool,
+    srq_data: VecDeque<Option<Vec<u8>>>,
 }
+
+/// wr_id tag of a completion from the emulated shared receive queue.
+const SRQ_TAG: u64 = 3;
 
 impl Side {
     fn new(me: &P, peer: &P) -> Side {
@@ -259,6 +285,8 @@ impl Side {
             wire: VecDeque::new(),
             got: Vec::new(),
             closed: false,
+            srq: me.revoke,
+            srq_data: VecDeque::new(),
         };
         s.run_actions();
         s
@@ -306,10 +334,29 @@ impl Side {
 
     fn process(&mut self, max: usize) {
         for _ in 0..max {
-            let Some(c) = self.cq.pop_front() else { break };
+            let Some(mut c) = self.cq.pop_front() else {
+                break;
+            };
+            if c.wr_id >> 56 == SRQ_TAG {
+                // The oldest slot posted takes the buffer.
+                let rwr = self
+                    .posted
+                    .pop_front()
+                    .expect("credit overrun: no slot posted");
+                let rslot = (rwr & 0xffff_ffff) as usize;
+                if let Some(data) = self.srq_data.pop_front().expect("data of the completion") {
+                    let base = rslot * self.mem.slot;
+                    self.mem.recv[base..base + data.len()].copy_from_slice(&data);
+                }
+                c.wr_id = rwr;
+            }
             self.e
                 .on_completion(c, &mut self.mem)
                 .expect("engine error");
+            // §4.7: slots a RELEASED retired leave the posted ones at once,
+            // as ConnMemory::shrink_recv withdraws them from its queue.
+            let active = self.e.recv_active;
+            self.posted.retain(|w| ((w & 0xffff_ffff) as u32) < active);
         }
         self.e.progress(&mut self.mem).expect("progress");
         self.run_actions();
@@ -338,6 +385,33 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             wr_id,
             signaled,
         } => {
+            if to.srq {
+                // A buffer of the pool; the slot is bound when processed.
+                assert!(
+                    to.posted.len() > to.srq_data.len(),
+                    "credit overrun: more messages than slots posted"
+                );
+                assert!(len <= to.mem.slot, "SEND larger than receive slot");
+                to.srq_data
+                    .push_back(Some(from.mem.send_slot(slot)[..len].to_vec()));
+                to.cq.push_back(Completion {
+                    wr_id: SRQ_TAG << 56,
+                    ok: true,
+                    status: 0,
+                    byte_len: len as u32,
+                    imm: Imm::None,
+                });
+                if signaled {
+                    from.cq.push_back(Completion {
+                        wr_id,
+                        ok: true,
+                        status: 0,
+                        byte_len: 0,
+                        imm: Imm::None,
+                    });
+                }
+                return true;
+            }
             let rwr = to
                 .posted
                 .pop_front()
@@ -385,7 +459,20 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             assert!(off + len <= to.mem.rdv.len(), "WRITE out of bounds");
             let src = from.mem.staging(staging)[..len].to_vec();
             to.mem.rdv[off..off + len].copy_from_slice(&src);
-            if let Some(v) = imm {
+            if let (Some(v), true) = (imm, to.srq) {
+                assert!(
+                    to.posted.len() > to.srq_data.len(),
+                    "credit overrun: more messages than slots posted"
+                );
+                to.srq_data.push_back(None);
+                to.cq.push_back(Completion {
+                    wr_id: SRQ_TAG << 56,
+                    ok: true,
+                    status: 0,
+                    byte_len: len as u32,
+                    imm: Imm::Write(v),
+                });
+            } else if let Some(v) = imm {
                 // §5.4: WRITE with immediate consumes a posted receive.
                 let rwr = to
                     .posted
@@ -465,13 +552,18 @@ impl Rng {
 fn check_credit_invariant(from: &Side, to: &Side) {
     // §4.6: the limit `from` knows; a grant in flight adds to both ends
     // of the identity once applied.
-    let ring = from.e.credit_limit;
+    // §4.7: a revoke's unpaid debt is still the peer's, in flight.
+    let ring = from.e.credit_limit + from.e.debt;
     let in_wire = from
         .wire
         .iter()
         .filter(|o| matches!(o, Op::Send { .. } | Op::Write { imm: Some(_), .. }))
         .count() as u32;
-    let in_cq = to.cq.iter().filter(|c| c.wr_id >> 56 == WR_RECV).count() as u32;
+    let in_cq = to
+        .cq
+        .iter()
+        .filter(|c| matches!(c.wr_id >> 56, WR_RECV | SRQ_TAG))
+        .count() as u32;
     // Credits already returned by `to` but not yet applied by `from`.
     let mut returning = 0u32;
     for o in &to.wire {
@@ -481,6 +573,9 @@ fn check_credit_invariant(from: &Side, to: &Side) {
         }
     }
     // (A WRITE with immediate carries no header, hence no returns.)
+    for data in from.srq_data.iter().flatten() {
+        returning += Header::decode(data).unwrap().credit_return as u32;
+    }
     for c in from
         .cq
         .iter()
@@ -495,8 +590,9 @@ fn check_credit_invariant(from: &Side, to: &Side) {
         ring,
         "credit conservation"
     );
+    let bound_later = to.srq_data.len() as u32;
     assert!(
-        to.posted.len() as u32 >= from.e.credits() + in_wire,
+        to.posted.len() as u32 >= from.e.credits() + in_wire + bound_later,
         "credit without posted receive"
     );
 }
@@ -1309,8 +1405,9 @@ proptest! {
     /// (which closes after its last message) cannot see such a stall; here
     /// nothing closes, and `signal_every` ranges past the rings in use
     /// (the stall of `a_small_send_ring_frees_slots_for_a_grant`). Idle
-    /// ticks (regions revoked under traffic, §5.5) and receive
-    /// back-pressure (§4.5, released before the end) come at random moments.
+    /// ticks (regions revoked under traffic, §5.5, and with `seed & 2`
+    /// grown rings revoked too, §4.7) and receive back-pressure (§4.5,
+    /// released before the end) come at random moments.
     #[test]
     fn random_pairs_deliver_everything_before_any_close(
         seed in any::<u64>(),
@@ -1326,6 +1423,9 @@ proptest! {
             rdv_count,
             signal_every,
             imm: seed & 1 != 0,
+            // §4.7: idle ticks also revoke grown rings, as with a shared
+            // receive queue (both sides at once: each is both roles).
+            revoke: seed & 2 != 0,
             ..P::on_demand()
         };
         let mut a = Side::new(&p, &p);
@@ -1988,4 +2088,212 @@ fn a_small_send_ring_frees_slots_for_a_grant() {
             a.e.free_send.len()
         );
     }
+}
+
+/// §4.7: a receive ring that grew and then stayed idle goes back to its
+/// initial size: REVOKE, the sender pays its debt from the credits it gets
+/// back, RELEASED, the receiver retires the slots above. Messages keep
+/// flowing both ways with the credit invariant, and the ring grows again.
+#[test]
+fn an_idle_grown_ring_is_revoked_and_released() {
+    let pa = P::on_demand();
+    let pb = P {
+        revoke: true,
+        ..P::on_demand()
+    };
+    let mut a = Side::new(&pa, &pb);
+    let mut b = Side::new(&pb, &pa);
+    b.e.set_wait_first_recv();
+    a.e.send_initial_credit();
+    pump(&mut a, &mut b);
+    // Two data messages before b answers: b's ring grows to 8.
+    for i in 0..2u64 {
+        a.e.submit(pattern(i, 50));
+        a.process(64);
+        assert!(deliver(&mut a, &mut b));
+    }
+    b.process(64);
+    pump(&mut a, &mut b);
+    assert_eq!((b.e.recv_active, a.e.credit_limit), (8, 8), "grown");
+    assert!(b.e.has_releasable(), "the idle timer runs for it");
+    // Not idle yet: messages arrived during this interval.
+    b.e.on_idle_tick(&mut b.mem);
+    assert_eq!(b.e.revoke, Revoke::None);
+    // A whole interval without a message: the revoke goes out.
+    b.e.on_idle_tick(&mut b.mem);
+    assert_eq!(b.e.revoke, Revoke::Due(4));
+    b.process(0);
+    assert!(matches!(b.e.revoke, Revoke::Sent(4)));
+    assert_eq!(b.e.recv_active, 8, "b keeps its slots until RELEASED");
+    assert!(deliver(&mut b, &mut a), "the REVOKE");
+    a.process(64);
+    assert_eq!(a.e.credit_limit, 4, "a's limit is lowered at once");
+    check_credit_invariant(&a, &b);
+    pump(&mut a, &mut b);
+    assert_eq!(a.e.debt, 0, "a paid its debt");
+    assert_eq!(b.e.revoke, Revoke::None, "RELEASED arrived");
+    assert_eq!(
+        (b.e.recv_active, b.mem.shrinks),
+        (4, 1),
+        "b's ring is back to 4"
+    );
+    assert!(b.posted.iter().all(|w| (w & 0xffff_ffff) < 4));
+    assert_eq!(b.posted.len(), 4, "4 receives posted");
+    assert!(!b.e.has_releasable());
+    check_credit_invariant(&a, &b);
+    check_credit_invariant(&b, &a);
+    // Traffic as before, both ways, with the invariant at every step.
+    for i in 0..30u64 {
+        a.e.submit(pattern(100 + i, 40 + i as usize));
+        b.e.submit(pattern(200 + i, 10));
+        a.process(64);
+        b.process(64);
+        deliver(&mut a, &mut b);
+        deliver(&mut b, &mut a);
+        check_credit_invariant(&a, &b);
+        check_credit_invariant(&b, &a);
+    }
+    pump(&mut a, &mut b);
+    assert_eq!(b.got.len(), 32);
+    assert_eq!(a.got.len(), 30);
+    for i in 0..30u64 {
+        assert!(b.got[2 + i as usize] == pattern(100 + i, 40 + i as usize));
+    }
+    // And the ring can grow again.
+    for i in 0..2u64 {
+        a.e.submit(pattern(300 + i, 50));
+        a.process(64);
+        assert!(deliver(&mut a, &mut b));
+    }
+    b.process(64);
+    pump(&mut a, &mut b);
+    assert_eq!((b.e.recv_active, a.e.credit_limit), (8, 8), "grown again");
+}
+
+/// §4.7: the sender of a revoke's answer pays its debt only from credits
+/// beyond the one reserved for CREDIT messages, and a revoke that arrives
+/// while its credits are in flight is paid as they come back.
+#[test]
+fn a_revoke_with_credits_in_flight_is_paid_as_they_return() {
+    let pa = P::on_demand();
+    let pb = P {
+        revoke: true,
+        ..P::on_demand()
+    };
+    let mut a = Side::new(&pa, &pb);
+    let mut b = Side::new(&pb, &pa);
+    b.e.set_wait_first_recv();
+    a.e.send_initial_credit();
+    pump(&mut a, &mut b);
+    for i in 0..2u64 {
+        a.e.submit(pattern(i, 50));
+        a.process(64);
+        assert!(deliver(&mut a, &mut b));
+    }
+    b.process(64);
+    pump(&mut a, &mut b);
+    assert_eq!(a.e.credit_limit, 8);
+    b.e.on_idle_tick(&mut b.mem);
+    b.e.on_idle_tick(&mut b.mem);
+    b.process(0);
+    // a sends messages before the REVOKE reaches it; b has not read them:
+    // a's credits are used up.
+    for i in 0..7u64 {
+        a.e.submit(pattern(10 + i, 30));
+    }
+    for _ in 0..8 {
+        a.process(64);
+        while deliver(&mut a, &mut b) {}
+    }
+    assert!(a.e.credits() <= 1, "a used its credits");
+    assert!(deliver(&mut b, &mut a), "the REVOKE");
+    a.process(64);
+    assert!(a.e.debt > 0, "a cannot pay all of it yet");
+    assert!(a.e.credits() <= 1, "a keeps only the reserved credit");
+    check_credit_invariant(&a, &b);
+    pump(&mut a, &mut b);
+    assert_eq!((a.e.debt, a.e.credit_limit, b.e.recv_active), (0, 4, 4));
+    assert_eq!(b.got.len(), 2 + 7, "every message arrived");
+    check_credit_invariant(&a, &b);
+}
+
+/// §4.7: revokes and RELEASED out of turn close the connection.
+#[test]
+fn revokes_out_of_turn_are_violations() {
+    let on = P::on_demand();
+    let stat = P::small();
+    let credit = |flags: u8, total: u64| {
+        let mut h = Header::new(Kind::Credit);
+        h.flags = flags;
+        h.total_len = total;
+        h
+    };
+    // RELEASED we never asked for.
+    let mut e = on.engine(&on);
+    let mut m = on.mem();
+    assert!(matches!(
+        violation(inject(
+            &mut e,
+            &mut m,
+            0,
+            0,
+            credit(wire::FLAG_RELEASED, 4),
+            &[]
+        )),
+        PeerMisbehaved::OnDemandUnexpected { .. }
+    ));
+    // A revoke from a peer without memory on demand.
+    let mut e = on.engine(&stat);
+    assert!(matches!(
+        violation(inject(
+            &mut e,
+            &mut m,
+            0,
+            0,
+            credit(wire::FLAG_REVOKE, 4),
+            &[]
+        )),
+        PeerMisbehaved::OnDemandUnexpected { .. }
+    ));
+    // Below the hello's credits, or not below the current limit.
+    let range = |r| matches!(violation(r), PeerMisbehaved::CreditRevokeRange { .. });
+    let mut e = on.engine(&on);
+    assert!(range(inject(
+        &mut e,
+        &mut m,
+        0,
+        0,
+        credit(wire::FLAG_REVOKE, 3),
+        &[]
+    )));
+    let mut e = on.engine(&on);
+    assert!(range(inject(
+        &mut e,
+        &mut m,
+        0,
+        0,
+        credit(wire::FLAG_REVOKE, 4),
+        &[]
+    )));
+    // A second revoke while the first is unanswered.
+    let mut e = on.engine(&on);
+    inject(&mut e, &mut m, 0, 0, credit(wire::FLAG_GRANT, 8), &[]).unwrap();
+    inject(&mut e, &mut m, 1, 0, credit(wire::FLAG_REVOKE, 6), &[]).unwrap();
+    assert!(range(inject(
+        &mut e,
+        &mut m,
+        2,
+        0,
+        credit(wire::FLAG_REVOKE, 4),
+        &[]
+    )));
+    // A revoke on a message that is not a CREDIT.
+    let mut e = on.engine(&on);
+    let mut h = Header::new(Kind::Eager);
+    h.flags = wire::FLAG_REVOKE;
+    h.total_len = 4;
+    assert!(matches!(
+        violation(inject(&mut e, &mut m, 0, 0, h, b"x")),
+        PeerMisbehaved::OnDemandUnexpected { .. }
+    ));
 }

@@ -74,6 +74,14 @@ pub const FLAG_CLOSE_SEEN: u8 = 2;
 /// Flag bit of a CREDIT message: `total_len` is the new credit limit of the
 /// receiver of this message, above the previous one (§4.6).
 pub const FLAG_GRANT: u8 = 4;
+/// Flag bit of a CREDIT message: `total_len` is the new, lower credit limit
+/// of the receiver of this message; it answers with RELEASED once it holds
+/// no more (§4.7).
+pub const FLAG_REVOKE: u8 = 8;
+/// Flag bit of a CREDIT message: the answer to a REVOKE, `total_len` its
+/// limit; the sender now uses at most that many of our receive buffers
+/// (§4.7).
+pub const FLAG_RELEASED: u8 = 16;
 
 /// Hello flag bit: the sender accepts chunk notifications by RDMA WRITE
 /// with immediate data, and sends them that way if the peer does too (§2.1,
@@ -86,8 +94,13 @@ pub const HELLO_FLAG_WRITE_IMM: u16 = 1;
 /// the peer's credit limit above the hello's `credits` with a CREDIT
 /// message carrying [`FLAG_GRANT`] (§4.6).
 pub const HELLO_FLAG_ON_DEMAND: u16 = 2;
+/// Hello flag bit: the sender answers a credit revoke (CREDIT with
+/// [`FLAG_REVOKE`]) with RELEASED (§4.7), so its peer may take back credits
+/// it granted beyond the hello's. Set with `ON_DEMAND`.
+pub const HELLO_FLAG_REVOCABLE: u16 = 4;
 /// Every hello flag this version knows; any other bit is refused.
-pub const HELLO_FLAGS_KNOWN: u16 = HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND;
+pub const HELLO_FLAGS_KNOWN: u16 =
+    HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND | HELLO_FLAG_REVOCABLE;
 
 /// Immediate data bit of the last chunk of a message (§5.4).
 pub const IMM_LAST: u32 = 1 << 31;
@@ -389,8 +402,8 @@ mod tests {
         };
         type Case = (fn(&mut Hello), PeerMisbehaved);
         let cases: [Case; 10] = [
-            (|h| h.flags = 4, range("flags", 4, 0, 3)),
-            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 3)),
+            (|h| h.flags = 8, range("flags", 8, 0, 7)),
+            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 7)),
             (|h| h.credits = 3, range("credits", 3, 4, 4096)),
             (|h| h.credits = 4097, range("credits", 4097, 4, 4096)),
             (
