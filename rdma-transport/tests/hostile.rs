@@ -308,8 +308,13 @@ async fn sending_without_credit_closes_the_connection() {
     // Per-connection ring (64 slots), and with the default configuration,
     // where the listener's connections share a receive queue (§4.7) on
     // rxe: the offender's excess must not cost another connection anything.
+    // (Not on iWARP, which has no shared queue here: there a 4-slot ring
+    // may have no receive posted when the excess SEND arrives, and iWARP,
+    // which has no RNR, ends the connection instead of the engine's check.)
     overrun_credits(ip, static_cfg(), 64).await;
-    overrun_credits(ip, Config::default(), 4).await;
+    if !iwarp() {
+        overrun_credits(ip, Config::default(), 4).await;
+    }
 }
 
 async fn overrun_credits(ip: IpAddr, cfg: Config, granted: u32) {
