@@ -549,12 +549,11 @@ impl RecvPool {
                     chunk.lkey(),
                 );
             }
+            // PoolState::give_back lets a chunk go only when all of its
+            // buffers are idle, and the pool drops the SRQ before its chunks.
             // SAFETY: each range is one buffer of a chunk registered on the
-            // SRQ's PD (above); the chunk stays registered while the buffer
-            // is posted or held (PoolState::give_back lets a chunk go only
-            // when all of its buffers are idle; the pool drops the SRQ
-            // before its chunks), and no connection reads a buffer before
-            // the receive into it completes.
+            // SRQ's PD, registered while the buffer is posted or held (above);
+            // no connection reads a buffer before its receive completes.
             unsafe { self.srq.post(&list[..batch.len()]) }?;
         }
         st.post.clear();
@@ -732,6 +731,12 @@ impl ConnMemory {
     /// Gives back to the shared pool the SRQ buffers named by completions
     /// polled outside the engine (the teardown's drain, §4.7).
     pub(crate) fn reclaim(&mut self, wcs: &[crate::verbs::Wc]) {
+        self.reclaim_with(wcs, &[]);
+    }
+
+    /// [`reclaim`](Self::reclaim), with more buffers (`also`) given back in
+    /// the same call.
+    fn reclaim_with(&mut self, wcs: &[crate::verbs::Wc], also: &[u32]) {
         let Some(sh) = self.shared.as_mut() else {
             return;
         };
@@ -741,6 +746,7 @@ impl ConnMemory {
                 .filter(|wc| wc.wr_id >> 56 == WR_SRQ)
                 .map(|wc| wc.wr_id as u32),
         );
+        sh.back.extend_from_slice(also);
         if let Err(e) = sh.pool.give_back(&sh.back) {
             tracing::warn!("shared receive pool: reposting on close failed: {e}");
         }
@@ -875,10 +881,10 @@ impl ConnMemory {
             Some(sh) => sh.pool.give_back(&sh.back),
             None => Ok(()),
         };
-        // SAFETY: every range was bounds-checked against its registered pool
-        // above; the pools outlive the QP (field order + destroy_qp); the
-        // engine does not touch a receive slot until its completion.
         let r = shared
+            // SAFETY: every range was bounds-checked against its registered
+            // pool above; the pools outlive the QP (field order + destroy_qp);
+            // the engine does not touch a receive slot until its completion.
             .and_then(|()| unsafe { qp.post_recvs(&recvs) })
             .and_then(|()| {
                 // SAFETY: ranges inside the registered send/staging pools
@@ -906,24 +912,22 @@ impl Drop for ConnMemory {
             // completion on its CQ (rxe, measured: the last-WQE event is
             // never raised); every other SRQ buffer stays posted for the
             // other connections.
+            sh.pool.unreserve(sh.reserved);
+            let cq = sh.cq.clone();
             let mut wcs = Vec::new();
-            while let Ok(n) = sh.cq.poll(&mut wcs, 32) {
+            while let Ok(n) = cq.poll(&mut wcs, 32) {
                 if n == 0 {
                     break;
                 }
             }
-            sh.back.clear();
-            sh.back.extend(
-                wcs.iter()
-                    .filter(|wc| wc.wr_id >> 56 == WR_SRQ)
-                    .map(|wc| wc.wr_id as u32),
-            );
-            sh.back
-                .extend(sh.bound.iter_mut().filter_map(|h| h.take()).map(|h| h.buf));
-            sh.pool.unreserve(sh.reserved);
-            if let Err(e) = sh.pool.give_back(&sh.back) {
-                tracing::warn!("shared receive pool: reposting on close failed: {e}");
-            }
+            // Held buffers go back with the flushed ones.
+            let held: Vec<u32> = sh
+                .bound
+                .iter_mut()
+                .filter_map(|h| h.take())
+                .map(|h| h.buf)
+                .collect();
+            self.reclaim_with(&wcs, &held);
         }
     }
 }
@@ -972,11 +976,10 @@ impl Buffers for ConnMemory {
         // its rkey is refused on every other QP.
         let qp = self.qp.as_ref().ok_or("the connection is closed")?;
         let mw = Mw::new(&self.pd).map_err(|e| e.to_string())?;
-        // SAFETY: r's MR is live, registered on this QP's PD (the pool's)
-        // with MW_BIND (Access::Window), and the window covers exactly it;
-        // `window` is declared before `rdv`, so the window is deallocated
-        // (rkey revoked) before the region is deregistered, in close_rdv
-        // and in Drop; the region is only read with raw copies (append_rdv).
+        // `window` is declared before `rdv`: the window is deallocated (rkey
+        // revoked) before the region is deregistered, in close_rdv and Drop.
+        // SAFETY: r's MR is live, on this QP's PD, with MW_BIND, covered
+        // exactly by the window (above); read only by raw copies (append_rdv).
         let rkey = unsafe { qp.bind_window(&mw, r.mr(), r.addr(), r.len() as u64, WR_BIND << 56) }
             .map_err(|e| e.to_string())?;
         let granted = (r.addr(), rkey);

@@ -1074,12 +1074,7 @@ async fn a_shared_receive_queue_serves_every_connection() {
         for h in hs {
             h.await.unwrap();
         }
-        for _ in 0..200 {
-            if rdma_transport::registered_bytes() <= base {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        settle_registered(base).await;
         assert_eq!(
             rdma_transport::registered_bytes(),
             base,
@@ -1089,6 +1084,40 @@ async fn a_shared_receive_queue_serves_every_connection() {
     })
     .await
     .expect("timeout");
+}
+
+/// Waits (up to 10 s) for this process's registered bytes to come back to
+/// `base`, as connections finish their teardown.
+async fn settle_registered(base: usize) {
+    for _ in 0..200 {
+        if rdma_transport::registered_bytes() <= base {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Bursts of 32 small messages `tx` → `rx` (each checked), one per round
+/// of `rounds`, until `done` holds after one; whether it did.
+async fn bursts_until(
+    tx: &mut rdma_transport::SendHalf,
+    rx: &mut rdma_transport::RecvHalf,
+    rounds: std::ops::Range<u64>,
+    done: impl Fn() -> bool,
+) -> bool {
+    for round in rounds {
+        let msgs: Vec<Bytes> = (0..32).map(|k| pattern(round * 100 + k, 100)).collect();
+        for m in &msgs {
+            tx.send(m.clone()).await.unwrap();
+        }
+        for m in &msgs {
+            assert!(rx.recv().await.unwrap().unwrap() == *m);
+        }
+        if done() {
+            return true;
+        }
+    }
+    false
 }
 
 /// Wire §4.7: with a shared receive queue, a listener's connection whose
@@ -1112,22 +1141,10 @@ async fn idle_credits_go_back_to_the_shared_pool() {
         let sst = s.stats();
         let (mut ctx, mut crx) = c.split();
         let (mut stx, mut srx) = s.split();
-        let burst =
-            |round: u64| -> Vec<Bytes> { (0..32).map(|k| pattern(round * 100 + k, 100)).collect() };
-        let mut grew = false;
-        for round in 0..20u64 {
-            let msgs = burst(round);
-            for m in &msgs {
-                ctx.send(m.clone()).await.unwrap();
-            }
-            for m in &msgs {
-                assert!(srx.recv().await.unwrap().unwrap() == *m);
-            }
-            if sst.snapshot().credit_grants > 0 {
-                grew = true;
-                break;
-            }
-        }
+        let grew = bursts_until(&mut ctx, &mut srx, 0..20, || {
+            sst.snapshot().credit_grants > 0
+        })
+        .await;
         assert!(grew, "the listener's receive credits grew under bursts");
         let grown = rdma_transport::registered_bytes() - base;
         let t = Instant::now();
@@ -1166,28 +1183,15 @@ async fn idle_credits_go_back_to_the_shared_pool() {
         assert!(srx.recv().await.unwrap().unwrap() == pattern(9, 300_000));
         // And the credits grow again under the next bursts.
         let grants = sst.snapshot().credit_grants;
-        for round in 100..120u64 {
-            let msgs = burst(round);
-            for m in &msgs {
-                ctx.send(m.clone()).await.unwrap();
-            }
-            for m in &msgs {
-                assert!(srx.recv().await.unwrap().unwrap() == *m);
-            }
-            if !shared || sst.snapshot().credit_grants > grants {
-                break;
-            }
-        }
+        bursts_until(&mut ctx, &mut srx, 100..120, || {
+            !shared || sst.snapshot().credit_grants > grants
+        })
+        .await;
         if shared {
             assert!(sst.snapshot().credit_grants > grants, "grown again");
         }
         drop((ctx, crx, stx, srx));
-        for _ in 0..200 {
-            if rdma_transport::registered_bytes() <= base {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        settle_registered(base).await;
         assert_eq!(
             rdma_transport::registered_bytes(),
             base,

@@ -2090,12 +2090,9 @@ fn a_small_send_ring_frees_slots_for_a_grant() {
     }
 }
 
-/// §4.7: a receive ring that grew and then stayed idle goes back to its
-/// initial size: REVOKE, the sender pays its debt from the credits it gets
-/// back, RELEASED, the receiver retires the slots above. Messages keep
-/// flowing both ways with the credit invariant, and the ring grows again.
-#[test]
-fn an_idle_grown_ring_is_revoked_and_released() {
+/// §4.7: `a` on demand, `b` on demand and revoking (as with a shared
+/// receive queue), connected and quiet.
+fn revoking_pair() -> (Side, Side) {
     let pa = P::on_demand();
     let pb = P {
         revoke: true,
@@ -2106,14 +2103,30 @@ fn an_idle_grown_ring_is_revoked_and_released() {
     b.e.set_wait_first_recv();
     a.e.send_initial_credit();
     pump(&mut a, &mut b);
-    // Two data messages before b answers: b's ring grows to 8.
+    (a, b)
+}
+
+/// §4.6: two data messages from `a` (`seed`, `seed + 1`) before `b`
+/// answers: `b`'s ring doubles and the grant reaches `a`.
+fn grow_b(a: &mut Side, b: &mut Side, seed: u64) {
     for i in 0..2u64 {
-        a.e.submit(pattern(i, 50));
+        a.e.submit(pattern(seed + i, 50));
         a.process(64);
-        assert!(deliver(&mut a, &mut b));
+        assert!(deliver(a, b));
     }
     b.process(64);
-    pump(&mut a, &mut b);
+    pump(a, b);
+}
+
+/// §4.7: a receive ring that grew and then stayed idle goes back to its
+/// initial size: REVOKE, the sender pays its debt from the credits it gets
+/// back, RELEASED, the receiver retires the slots above. Messages keep
+/// flowing both ways with the credit invariant, and the ring grows again.
+#[test]
+fn an_idle_grown_ring_is_revoked_and_released() {
+    let (mut a, mut b) = revoking_pair();
+    // Two data messages before b answers: b's ring grows to 8.
+    grow_b(&mut a, &mut b, 0);
     assert_eq!((b.e.recv_active, a.e.credit_limit), (8, 8), "grown");
     assert!(b.e.has_releasable(), "the idle timer runs for it");
     // Not idle yet: messages arrived during this interval.
@@ -2160,13 +2173,7 @@ fn an_idle_grown_ring_is_revoked_and_released() {
         assert!(b.got[2 + i as usize] == pattern(100 + i, 40 + i as usize));
     }
     // And the ring can grow again.
-    for i in 0..2u64 {
-        a.e.submit(pattern(300 + i, 50));
-        a.process(64);
-        assert!(deliver(&mut a, &mut b));
-    }
-    b.process(64);
-    pump(&mut a, &mut b);
+    grow_b(&mut a, &mut b, 300);
     assert_eq!((b.e.recv_active, a.e.credit_limit), (8, 8), "grown again");
 }
 
@@ -2175,23 +2182,8 @@ fn an_idle_grown_ring_is_revoked_and_released() {
 /// while its credits are in flight is paid as they come back.
 #[test]
 fn a_revoke_with_credits_in_flight_is_paid_as_they_return() {
-    let pa = P::on_demand();
-    let pb = P {
-        revoke: true,
-        ..P::on_demand()
-    };
-    let mut a = Side::new(&pa, &pb);
-    let mut b = Side::new(&pb, &pa);
-    b.e.set_wait_first_recv();
-    a.e.send_initial_credit();
-    pump(&mut a, &mut b);
-    for i in 0..2u64 {
-        a.e.submit(pattern(i, 50));
-        a.process(64);
-        assert!(deliver(&mut a, &mut b));
-    }
-    b.process(64);
-    pump(&mut a, &mut b);
+    let (mut a, mut b) = revoking_pair();
+    grow_b(&mut a, &mut b, 0);
     assert_eq!(a.e.credit_limit, 8);
     b.e.on_idle_tick(&mut b.mem);
     b.e.on_idle_tick(&mut b.mem);
