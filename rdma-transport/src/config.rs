@@ -160,13 +160,30 @@ pub struct Config {
     /// most RoCE/InfiniBand NICs; not siw, which keeps per-connection
     /// rings). Credits stay per connection; the pool posts as many buffers
     /// as all connections' credit limits add up to, plus a slack of 16.
-    /// Needs `memory_on_demand`. Default true.
+    /// Needs `memory_on_demand` and `device_pool`. Default true.
     pub shared_receive_queue: bool,
     /// Listener: most receive buffers one shared receive queue holds
     /// (clamped to the device's `max_srq_wr`). A connection that finds it
     /// full gets a receive ring of its own, as without SRQ. Default 16384
     /// (128 MiB of 8 KiB buffers).
     pub shared_receive_max_buffers: u32,
+    /// Register every connection's buffers (ring segments, staging buffers,
+    /// rendezvous regions) in one PD per device and process, drawing them
+    /// from a pool that keeps the blocks connections let go for the next
+    /// one (`docs/buffer-ownership.md`, "Process-wide block pool"), where
+    /// the device has type-2 memory windows (not siw: there each connection
+    /// keeps a PD of its own). Rendezvous regions are then reached only
+    /// through a window bound to their connection's QP (§4.7). Needs
+    /// `memory_on_demand`. The first connection on a device sets the pool's
+    /// limits (this and `device_pool_idle_bytes`, `memory_idle_release`,
+    /// `global_max_registered_bytes`). Default true.
+    pub device_pool: bool,
+    /// Most bytes of registered blocks a device's pool keeps while no
+    /// connection uses them; a block is also let go once unused for a whole
+    /// `memory_idle_release` (never with zero). They count in
+    /// [`registered_bytes`](crate::registered_bytes). Zero keeps none (every
+    /// block is deregistered when its connection lets it go). Default 16 MiB.
+    pub device_pool_idle_bytes: usize,
 }
 
 impl Default for Config {
@@ -200,6 +217,8 @@ impl Default for Config {
             max_connections_per_address: 128,
             shared_receive_queue: true,
             shared_receive_max_buffers: 16384,
+            device_pool: true,
+            device_pool_idle_bytes: 16 << 20,
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::engine::{
     Action, Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
 };
 use crate::error::{Errno, Error};
-use crate::mem::{ConnMemory, PoolSizes, RecvPool, WR_BIND};
+use crate::mem::{ConnMemory, DevicePool, PoolSizes, RecvPool, WR_BIND};
 use crate::stats::ConnStats;
 use crate::verbs::cm::{CmEvent, CmId, EventChannel};
 use crate::verbs::{async_fd, CompChannel, Cq, FdOwner, Pd, Qp, QpCaps, Wc};
@@ -100,21 +100,73 @@ pub(crate) struct Resources {
     pub(crate) iwarp: bool,
 }
 
-/// The shared receive pools of a listener, one per device (§4.7): each is
-/// created by the first connection accepted on its device and goes with
-/// the last one (a `Weak` here).
+/// The process-wide block pools, one per device (buffer-ownership.md,
+/// "Process-wide block pool"), keyed by device context (librdmacm opens
+/// each device once per process): each is created by the first connection
+/// on its device and goes with the last one (a `Weak` here). `None`: the
+/// device has no memory windows, or its pool could not be created.
+static DEVICE_POOLS: Mutex<Vec<(usize, Option<Weak<DevicePool>>)>> = Mutex::new(Vec::new());
+
+/// The pool of `id`'s device, created if needed; `None` where connections
+/// keep a PD of their own (`cfg`, iWARP, a device without windows).
+fn device_pool(id: &Arc<CmId>, cfg: &Config) -> Option<Arc<DevicePool>> {
+    if !cfg.device_pool || !cfg.memory_on_demand || id.is_iwarp() {
+        return None;
+    }
+    let ctx = id.verbs() as usize;
+    let mut pools = DEVICE_POOLS.lock().unwrap_or_else(|p| p.into_inner());
+    let entry = match pools.iter().position(|(c, _)| *c == ctx) {
+        Some(i) => &mut pools[i].1,
+        None => {
+            pools.push((ctx, Some(Weak::new())));
+            &mut pools.last_mut().expect("pushed").1
+        }
+    };
+    let weak = entry.as_ref()?;
+    if let Some(p) = weak.upgrade() {
+        return Some(p);
+    }
+    if !crate::verbs::window_support(id) {
+        tracing::info!(
+            "rdma: the device has no type-2 memory windows; every connection keeps a PD \
+             and buffers of its own"
+        );
+        *entry = None;
+        return None;
+    }
+    match Pd::new(id.clone()) {
+        Ok(pd) => {
+            let p = Arc::new(DevicePool::new(
+                pd,
+                cfg.global_max_registered_bytes,
+                cfg.device_pool_idle_bytes,
+                cfg.memory_idle_release,
+            ));
+            *entry = Some(Arc::downgrade(&p));
+            Some(p)
+        }
+        Err(e) => {
+            tracing::warn!("rdma: no device pool ({e}); this connection keeps a PD of its own");
+            None
+        }
+    }
+}
+
+/// The shared receive pools of a listener, one per device (§4.7), in the
+/// device pool's PD: each is created by the first connection accepted on
+/// its device and goes with the last one (a `Weak` here).
 #[derive(Default)]
 pub(crate) struct SharedPools {
-    /// (device context address, pool); `None`: the device has no SRQ and
-    /// memory windows, or its pool could not be created.
+    /// (device context address, pool); `None`: the device has no SRQ, or
+    /// its pool could not be created.
     pools: Mutex<Vec<(usize, Option<Weak<RecvPool>>)>>,
 }
 
 impl SharedPools {
     /// The pool for `id`'s device, created if needed; `None` where the
     /// device cannot share receive buffers (or `cfg` says not to).
-    fn get(&self, id: &Arc<CmId>, cfg: &Config) -> Option<Arc<RecvPool>> {
-        if !cfg.shared_receive_queue || !cfg.memory_on_demand || id.is_iwarp() {
+    fn get(&self, id: &Arc<CmId>, cfg: &Config, dev: &DevicePool) -> Option<Arc<RecvPool>> {
+        if !cfg.shared_receive_queue {
             return None;
         }
         let ctx = id.verbs() as usize;
@@ -132,21 +184,19 @@ impl SharedPools {
         }
         let Some(max_wr) = crate::verbs::shared_receive_support(id) else {
             tracing::info!(
-                "rdma listener: the device has no shared receive queue with memory windows; \
+                "rdma listener: the device has no shared receive queue; \
                  receive rings stay per connection"
             );
             *entry = None;
             return None;
         };
         let max = (cfg.shared_receive_max_buffers as usize).min(max_wr as usize);
-        match Pd::new(id.clone()).and_then(|pd| {
-            RecvPool::new(
-                pd,
-                cfg.recv_slot_bytes,
-                max,
-                cfg.global_max_registered_bytes,
-            )
-        }) {
+        match RecvPool::new(
+            dev.pd().clone(),
+            cfg.recv_slot_bytes,
+            max,
+            cfg.global_max_registered_bytes,
+        ) {
             Ok(p) => {
                 let p = Arc::new(p);
                 *entry = Some(Arc::downgrade(&p));
@@ -165,7 +215,10 @@ fn build_resources(
     cfg: &Config,
     shared: Option<&SharedPools>,
 ) -> Result<Resources, Error> {
-    let pool = shared.and_then(|s| s.get(id, cfg));
+    let dev = device_pool(id, cfg);
+    let pool = shared
+        .zip(dev.as_ref())
+        .and_then(|(s, d)| s.get(id, cfg, d));
     let comp = CompChannel::new(id.clone())?;
     // One more work request on the send queue with a shared pool: the
     // signaled bind of the rendezvous region's window (§4.7).
@@ -193,9 +246,10 @@ fn build_resources(
         recv_seg: cfg.recv_slots_at_start() as usize,
         send_seg: cfg.send_slots_at_start() as usize,
     };
-    let shared_mem = pool.and_then(|pool| {
+    let shared_mem = pool.zip(dev.clone()).and_then(|(pool, dev)| {
         let srq = pool.srq().clone();
         match ConnMemory::new_shared(
+            dev,
             pool,
             cq.clone(),
             sizes,
@@ -218,9 +272,13 @@ fn build_resources(
             (m, pd, Some(srq))
         }
         None => {
-            let pd = Pd::new(id.clone())?;
+            let pd = match &dev {
+                Some(d) => d.pd().clone(),
+                None => Pd::new(id.clone())?,
+            };
             let m = ConnMemory::new(
                 &pd,
+                dev,
                 sizes,
                 cfg.global_max_registered_bytes,
                 cfg.recv_slots_at_start() as usize,

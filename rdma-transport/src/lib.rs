@@ -67,7 +67,17 @@ pub fn global_stats() -> StatsSnapshot {
 
 /// Bytes of memory registered with RDMA devices by this process right now
 /// (all live connections; a closed connection's regions are deregistered
-/// during its teardown). Bounded by `Config::global_max_registered_bytes`.
+/// during its teardown, or kept a while by its device's pool:
+/// [`pool_idle_bytes`]). Bounded by `Config::global_max_registered_bytes`.
 pub fn registered_bytes() -> usize {
     mem::REGISTERED_BYTES.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Of [`registered_bytes`], the bytes the process-wide device pools keep
+/// registered while no connection uses them, for the next connection that
+/// needs a block (`Config::device_pool`; bounded by
+/// `Config::device_pool_idle_bytes`, each block let go after a whole
+/// `memory_idle_release` unused).
+pub fn pool_idle_bytes() -> usize {
+    mem::POOL_IDLE_BYTES.load(std::sync::atomic::Ordering::SeqCst)
 }

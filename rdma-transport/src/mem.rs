@@ -23,14 +23,18 @@ use crate::verbs::{verb_err, Cq, Mw, Pd, Qp, SendDesc, Srq};
 /// Process-wide registered bytes (checked against `Config::global_max_registered_bytes`).
 pub(crate) static REGISTERED_BYTES: AtomicUsize = AtomicUsize::new(0);
 
+/// Of those, the bytes of blocks the device pools keep while no connection
+/// uses them ([`DevicePool`]).
+pub(crate) static POOL_IDLE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
 /// A page-aligned heap allocation registered with a PD.
 pub(crate) struct RegisteredBuf {
     ptr: NonNull<u8>,
     len: usize,
     mr: *mut ibv_mr,
-    /// Registered with REMOTE_WRITE: the peer may write it at any time, so
-    /// no Rust reference over it is ever formed (only raw copies).
-    remote_write: bool,
+    /// Not `Local`: the peer may write it at any time, so no Rust reference
+    /// over it is ever formed (only raw copies).
+    access: Access,
     _pd: Arc<Pd>,
 }
 
@@ -64,8 +68,7 @@ impl RegisteredBuf {
         how: Access,
         global_limit: usize,
     ) -> Result<RegisteredBuf, Error> {
-        let remote_write = how != Access::Local;
-        let len = len.max(64);
+        let len = Self::size_for(len);
         let prev = REGISTERED_BYTES.fetch_add(len, Ordering::SeqCst);
         if prev + len > global_limit {
             REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
@@ -97,13 +100,35 @@ impl RegisteredBuf {
             REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
             return Err(e);
         }
+        crate::stats::GLOBAL
+            .memory_registrations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(RegisteredBuf {
             ptr,
             len,
             mr,
-            remote_write,
+            access: how,
             _pd: pd.clone(),
         })
+    }
+
+    /// The bytes [`new`](Self::new) registers for a request of `len`.
+    fn size_for(len: usize) -> usize {
+        len.max(64)
+    }
+
+    /// Zeroes the whole buffer, through a raw pointer (it may be a
+    /// rendezvous region, over which no reference is formed).
+    ///
+    /// For a buffer no work request and no peer can reach any more: a
+    /// rendezvous region whose window was deallocated (its MR grants no
+    /// remote access of its own, §4.7), before the process-wide pool hands
+    /// it to another connection. `&mut self` excludes every CPU alias.
+    fn zero(&mut self) {
+        // SAFETY: [ptr, ptr+len) is our live allocation; `&mut self` means
+        // no slice over it is alive; the caller's contract (above) means
+        // neither the NIC nor a peer writes it meanwhile.
+        unsafe { std::ptr::write_bytes(self.ptr.as_ptr(), 0, self.len) };
     }
 
     pub(crate) fn addr(&self) -> u64 {
@@ -135,7 +160,7 @@ impl RegisteredBuf {
     /// is not reposted while the slice is alive.
     fn slice_local(&self, off: usize, len: usize) -> &[u8] {
         assert!(
-            !self.remote_write,
+            self.access == Access::Local,
             "no shared slice over remotely writable memory"
         );
         assert!(
@@ -179,7 +204,10 @@ impl RegisteredBuf {
     }
 
     fn slice_mut(&mut self, off: usize, len: usize) -> &mut [u8] {
-        assert!(!self.remote_write, "no slice over remotely writable memory");
+        assert!(
+            self.access == Access::Local,
+            "no slice over remotely writable memory"
+        );
         assert!(
             off.checked_add(len).is_some_and(|end| end <= self.len),
             "registered slice out of bounds"
@@ -218,6 +246,247 @@ impl Drop for RegisteredBuf {
     }
 }
 
+/// Which blocks a [`BlockCache`] holds interchangeably: the registered size
+/// and the access (a window-bound rendezvous region is never handed out as
+/// a send segment, nor the other way round).
+type BlockKey = (usize, Access);
+
+/// The accounting of a [`DevicePool`], without verbs (host-tested): the
+/// blocks nobody uses, each stamped with the sweep period it came back in.
+/// `B` is a registered block (`RegisteredBuf`; a plain value in the tests).
+struct BlockCache<B> {
+    idle: Vec<(BlockKey, B, u64)>,
+    idle_bytes: usize,
+    max_idle_bytes: usize,
+    /// Sweeps so far.
+    epoch: u64,
+    /// Whether a sweeper task is armed.
+    sweeping: bool,
+}
+
+impl<B> BlockCache<B> {
+    fn new(max_idle_bytes: usize) -> Self {
+        BlockCache {
+            idle: Vec::new(),
+            idle_bytes: 0,
+            max_idle_bytes,
+            epoch: 0,
+            sweeping: false,
+        }
+    }
+
+    /// An idle block of `key`, the most recently given back (its pages are
+    /// the likeliest to be warm).
+    fn take(&mut self, key: BlockKey) -> Option<B> {
+        let i = self.idle.iter().rposition(|(k, _, _)| *k == key)?;
+        self.idle_bytes -= key.0;
+        Some(self.idle.remove(i).1)
+    }
+
+    /// Keeps `b` for reuse, or hands it back (to be deregistered) when that
+    /// would take the idle blocks over the cap.
+    fn put(&mut self, key: BlockKey, b: B) -> Option<B> {
+        if self.idle_bytes + key.0 > self.max_idle_bytes {
+            return Some(b);
+        }
+        self.idle_bytes += key.0;
+        self.idle.push((key, b, self.epoch));
+        None
+    }
+
+    /// Ends a sweep period: the blocks idle since before the previous sweep
+    /// (a whole period or more) are handed back, to be deregistered.
+    fn sweep(&mut self, out: &mut Vec<B>) {
+        self.epoch += 1;
+        let mut i = 0;
+        while i < self.idle.len() {
+            if self.idle[i].2 + 1 < self.epoch {
+                let (k, b, _) = self.idle.swap_remove(i);
+                self.idle_bytes -= k.0;
+                out.push(b);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Hands back every idle block.
+    fn clear(&mut self, out: &mut Vec<B>) {
+        self.idle_bytes = 0;
+        out.extend(self.idle.drain(..).map(|(_, b, _)| b));
+    }
+}
+
+/// Registered blocks shared by every connection of the process on one
+/// device (buffer-ownership.md, "Process-wide block pool"): one PD, in
+/// which send and receive ring segments, staging buffers and rendezvous
+/// regions are registered; a block a connection lets go (an idle release,
+/// a close) is kept for the next one that needs a block of its size,
+/// instead of being deregistered and registered again. Idle blocks are
+/// bounded (`Config::pool_idle_max_bytes`) and deregistered once idle for a
+/// whole `memory_idle_release` period, so the pool grows with traffic and
+/// shrinks when idle; it goes with the last connection on the device.
+///
+/// No block in this PD grants remote access through its own MR: a
+/// rendezvous region is registered with MW_BIND only and reached through a
+/// type-2 window bound to its connection's QP (§4.7), so the rkey a peer
+/// holds works on that connection alone. A region is zeroed before another
+/// connection gets it (a peer that announces a chunk it never wrote reads
+/// zeros, not another connection's data).
+pub(crate) struct DevicePool {
+    pd: Arc<Pd>,
+    global_limit: usize,
+    period: std::time::Duration,
+    state: Mutex<BlockCache<RegisteredBuf>>,
+}
+
+impl DevicePool {
+    pub(crate) fn new(
+        pd: Arc<Pd>,
+        global_limit: usize,
+        max_idle_bytes: usize,
+        period: std::time::Duration,
+    ) -> DevicePool {
+        DevicePool {
+            pd,
+            global_limit,
+            period,
+            state: Mutex::new(BlockCache::new(max_idle_bytes)),
+        }
+    }
+
+    pub(crate) fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// Runs `f` on the locked state, keeping [`POOL_IDLE_BYTES`] in step.
+    fn with<R>(&self, f: impl FnOnce(&mut BlockCache<RegisteredBuf>) -> R) -> R {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let before = st.idle_bytes;
+        let r = f(&mut st);
+        let after = st.idle_bytes;
+        if after > before {
+            POOL_IDLE_BYTES.fetch_add(after - before, Ordering::SeqCst);
+        } else if before > after {
+            POOL_IDLE_BYTES.fetch_sub(before - after, Ordering::SeqCst);
+        }
+        r
+    }
+
+    /// A block of `len` bytes: an idle one of that size and access, or a
+    /// new registration. At the registration cap the idle blocks of other
+    /// sizes are let go, and the registration tried once more.
+    fn take(&self, len: usize, how: Access) -> Result<RegisteredBuf, Error> {
+        debug_assert!(
+            how != Access::RemoteWrite,
+            "no remote access in a shared PD"
+        );
+        let key = (RegisteredBuf::size_for(len), how);
+        if let Some(b) = self.with(|st| st.take(key)) {
+            crate::stats::GLOBAL
+                .pool_reuses
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(b);
+        }
+        match RegisteredBuf::new(&self.pd, len, how, self.global_limit) {
+            Err(Error::ResourceLimit(e)) => {
+                let mut idle = Vec::new();
+                self.with(|st| st.clear(&mut idle));
+                if idle.is_empty() {
+                    return Err(Error::ResourceLimit(e));
+                }
+                // Deregistered here, outside the lock.
+                drop(idle);
+                RegisteredBuf::new(&self.pd, len, how, self.global_limit)
+            }
+            r => r,
+        }
+    }
+
+    /// Takes back a block its connection is done with: no posted work
+    /// request covers it, and no peer can reach it (its window, if any, is
+    /// deallocated). Kept for reuse within the cap, deregistered otherwise.
+    fn put(self: &Arc<Self>, mut b: RegisteredBuf) {
+        if b.access != Access::Local {
+            b.zero();
+        }
+        let key = (b.len, b.access);
+        let (over, arm) = self.with(|st| {
+            let over = st.put(key, b);
+            let arm = over.is_none() && !st.sweeping && !self.period.is_zero();
+            if arm {
+                st.sweeping = true;
+            }
+            (over, arm)
+        });
+        // A block over the cap is deregistered here, outside the lock.
+        drop(over);
+        if arm {
+            self.arm_sweeper();
+        }
+    }
+
+    /// Starts the task that lets idle blocks go, one period after another,
+    /// until none is left. Without a runtime to run it on, nothing is kept.
+    fn arm_sweeper(self: &Arc<Self>) {
+        /// Clears `sweeping` if the task's runtime drops it before it ends,
+        /// so that the next block given back arms a new one.
+        struct Armed(std::sync::Weak<DevicePool>);
+        impl Armed {
+            /// The task ends normally: `sweeping` was cleared under the
+            /// lock, and a block given back since may have armed the next
+            /// sweeper already.
+            fn disarm(&mut self) {
+                self.0 = std::sync::Weak::new();
+            }
+        }
+        impl Drop for Armed {
+            fn drop(&mut self) {
+                if let Some(p) = self.0.upgrade() {
+                    p.with(|st| st.sweeping = false);
+                }
+            }
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            let mut idle = Vec::new();
+            self.with(|st| {
+                st.clear(&mut idle);
+                st.sweeping = false;
+            });
+            return;
+        };
+        let mut armed = Armed(Arc::downgrade(self));
+        let period = self.period;
+        rt.spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(p) = armed.0.upgrade() else { break };
+                let mut gone = Vec::new();
+                let left = p.with(|st| {
+                    st.sweep(&mut gone);
+                    st.sweeping = !st.idle.is_empty();
+                    st.sweeping
+                });
+                // Deregistered outside the lock.
+                drop(gone);
+                if !left {
+                    armed.disarm();
+                    break;
+                }
+            }
+        });
+    }
+}
+
+impl Drop for DevicePool {
+    fn drop(&mut self) {
+        // Explicit for the order's sake: the blocks hold the PD, which goes
+        // after them anyway.
+        let mut idle = Vec::new();
+        self.with(|st| st.clear(&mut idle));
+    }
+}
+
 /// Sizes of the four per-connection pools (their largest sizes; memory on
 /// demand registers less, `docs/wire-protocol-rdma.md` §4.6 and §5.5).
 #[derive(Debug, Clone, Copy)]
@@ -234,6 +503,40 @@ pub(crate) struct PoolSizes {
     /// Slots per registered segment of the send ring (it grows and shrinks
     /// a segment at a time).
     pub send_seg: usize,
+}
+
+/// Where a connection's blocks come from and go back to: its own PD, or its
+/// device's process-wide pool.
+#[derive(Clone, Copy)]
+struct Reg<'a> {
+    pd: &'a Arc<Pd>,
+    dev: Option<&'a Arc<DevicePool>>,
+    limit: usize,
+}
+
+impl<'a> Reg<'a> {
+    fn of(pd: &'a Arc<Pd>, dev: &'a Option<Arc<DevicePool>>, limit: usize) -> Self {
+        Reg {
+            pd,
+            dev: dev.as_ref(),
+            limit,
+        }
+    }
+
+    fn take(self, len: usize, how: Access) -> Result<RegisteredBuf, Error> {
+        match self.dev {
+            Some(d) => d.take(len, how),
+            None => RegisteredBuf::new(self.pd, len, how, self.limit),
+        }
+    }
+
+    /// Gives back a block no posted work request and no peer can reach any
+    /// more: to the pool, or deregistered.
+    fn put(self, b: RegisteredBuf) {
+        if let Some(d) = self.dev {
+            d.put(b);
+        }
+    }
 }
 
 /// A ring of equal slots registered a segment at a time, on demand.
@@ -255,28 +558,26 @@ impl SlotPool {
         }
     }
 
-    /// Registers every segment that holds one of slots `0..n`.
-    fn ensure(&mut self, pd: &Arc<Pd>, n: usize, limit: usize) -> Result<(), Error> {
+    /// Registers (or takes from the pool) every segment that holds one of
+    /// slots `0..n`.
+    fn ensure(&mut self, reg: Reg<'_>, n: usize) -> Result<(), Error> {
         let n = n.min(self.slots);
         for k in 0..n.div_ceil(self.seg_slots) {
             if self.segs[k].is_none() {
                 let count = self.seg_slots.min(self.slots - k * self.seg_slots);
-                self.segs[k] = Some(RegisteredBuf::new(
-                    pd,
-                    count * self.slot_bytes,
-                    Access::Local,
-                    limit,
-                )?);
+                self.segs[k] = Some(reg.take(count * self.slot_bytes, Access::Local)?);
             }
         }
         Ok(())
     }
 
-    /// Deregisters every segment whose slots are all at or above `n` (the
+    /// Gives back every segment whose slots are all at or above `n` (the
     /// caller guarantees none of them is posted).
-    fn trim(&mut self, n: usize) {
+    fn trim(&mut self, reg: Reg<'_>, n: usize) {
         for k in n.div_ceil(self.seg_slots)..self.segs.len() {
-            self.segs[k] = None;
+            if let Some(b) = self.segs[k].take() {
+                reg.put(b);
+            }
         }
     }
 
@@ -604,6 +905,9 @@ pub(crate) struct ConnMemory {
     staging: Option<RegisteredBuf>,
     sz: PoolSizes,
     pd: Arc<Pd>,
+    /// The device's process-wide pool, whose PD `pd` is (rendezvous regions
+    /// then behind windows, §4.7); `None`: a PD of the connection's own.
+    dev: Option<Arc<DevicePool>>,
     global_limit: usize,
     /// Scratch lists of [`execute`](Self::execute), kept so that posting
     /// allocates nothing in steady state.
@@ -613,9 +917,12 @@ pub(crate) struct ConnMemory {
 
 impl ConnMemory {
     /// Registers receive slots `0..recv`, send slots `0..send`, and, with
-    /// `static_rdv`, the rendezvous region (advertised in the hello).
+    /// `static_rdv`, the rendezvous region (advertised in the hello). With
+    /// `dev`, `pd` is its PD and the blocks come from it (no static region
+    /// there: it would need remote access through its own rkey).
     pub(crate) fn new(
         pd: &Arc<Pd>,
+        dev: Option<Arc<DevicePool>>,
         sz: PoolSizes,
         global_limit: usize,
         recv: usize,
@@ -632,12 +939,19 @@ impl ConnMemory {
             staging: None,
             sz,
             pd: pd.clone(),
+            dev,
             global_limit,
             recvs: Vec::new(),
             sends: Vec::new(),
         };
-        m.recv.ensure(pd, recv, global_limit)?;
-        m.send.ensure(pd, send, global_limit)?;
+        debug_assert!(m.dev.as_ref().is_none_or(|d| Arc::ptr_eq(d.pd(), pd)));
+        assert!(
+            !(static_rdv && m.dev.is_some()),
+            "no static region in a shared PD"
+        );
+        let reg = Reg::of(&m.pd, &m.dev, global_limit);
+        m.recv.ensure(reg, recv)?;
+        m.send.ensure(reg, send)?;
         if static_rdv {
             m.rdv = Some(m.register_rdv()?);
         }
@@ -649,6 +963,7 @@ impl ConnMemory {
     /// PD is the pool's; the rendezvous region is on demand only (it needs
     /// the QP, to bind its window).
     pub(crate) fn new_shared(
+        dev: Arc<DevicePool>,
         pool: Arc<RecvPool>,
         cq: Arc<Cq>,
         sz: PoolSizes,
@@ -657,8 +972,13 @@ impl ConnMemory {
         send: usize,
     ) -> Result<Self, Error> {
         let pd = pool.pd().clone();
+        debug_assert!(
+            Arc::ptr_eq(dev.pd(), &pd),
+            "the SRQ is in the device pool's PD"
+        );
         let mut m = ConnMemory::new(
             &pd,
+            Some(dev),
             PoolSizes {
                 recv_slots: 0,
                 ..sz
@@ -753,15 +1073,13 @@ impl ConnMemory {
     }
 
     fn register_rdv(&self) -> Result<RegisteredBuf, Error> {
-        RegisteredBuf::new(
-            &self.pd,
+        Reg::of(&self.pd, &self.dev, self.global_limit).take(
             self.sz.rdv_count * self.sz.rdv_bytes,
-            if self.shared.is_some() {
+            if self.dev.is_some() {
                 Access::Window
             } else {
                 Access::RemoteWrite
             },
-            self.global_limit,
         )
     }
 
@@ -907,6 +1225,14 @@ impl Drop for ConnMemory {
         // Explicit: the window (see destroy_qp), the QP, then the buffers.
         self.window = None;
         self.qp = None;
+        // No work request can reach a block now, nor a peer (the window is
+        // gone): the device pool takes them back.
+        let reg = Reg::of(&self.pd, &self.dev, self.global_limit);
+        self.recv.trim(reg, 0);
+        self.send.trim(reg, 0);
+        for b in [self.rdv.take(), self.staging.take()].into_iter().flatten() {
+            reg.put(b);
+        }
         if let Some(sh) = self.shared.as_mut() {
             // The buffer a QP took from the SRQ comes back as a flushed
             // completion on its CQ (rxe, measured: the last-WQE event is
@@ -966,7 +1292,7 @@ impl Buffers for ConnMemory {
     fn open_rdv(&mut self) -> Result<(u64, u32), String> {
         debug_assert!(self.rdv.is_none());
         let r = self.register_rdv().map_err(|e| e.to_string())?;
-        if self.shared.is_none() {
+        if self.dev.is_none() {
             let granted = (r.addr(), r.rkey());
             self.rdv = Some(r);
             return Ok(granted);
@@ -975,7 +1301,13 @@ impl Buffers for ConnMemory {
         // access; a type-2 window bound to this connection's QP does, so
         // its rkey is refused on every other QP.
         let qp = self.qp.as_ref().ok_or("the connection is closed")?;
-        let mw = Mw::new(&self.pd).map_err(|e| e.to_string())?;
+        let mw = match Mw::new(&self.pd) {
+            Ok(mw) => mw,
+            Err(e) => {
+                Reg::of(&self.pd, &self.dev, self.global_limit).put(r);
+                return Err(e.to_string());
+            }
+        };
         // `window` is declared before `rdv`: the window is deallocated (rkey
         // revoked) before the region is deregistered, in close_rdv and Drop.
         // SAFETY: r's MR is live, on this QP's PD, with MW_BIND, covered
@@ -990,20 +1322,19 @@ impl Buffers for ConnMemory {
     fn close_rdv(&mut self) {
         // The engine calls this after the peer's RDV_RELEASE: no WRITE of
         // its can still land (buffer-ownership.md). Deregistered and freed
-        // by RegisteredBuf's Drop; a late WRITE with the old rkey fails at
-        // the NIC and breaks only this connection. A window goes first.
+        // by RegisteredBuf's Drop, or, behind a window, zeroed and kept by
+        // the device pool; a late WRITE with the old rkey fails at the NIC
+        // and breaks only this connection. A window goes first.
         self.window = None;
-        self.rdv = None;
+        if let Some(r) = self.rdv.take() {
+            Reg::of(&self.pd, &self.dev, self.global_limit).put(r);
+        }
     }
     fn open_staging(&mut self) -> Result<(), String> {
         if self.staging.is_none() {
-            let st = RegisteredBuf::new(
-                &self.pd,
-                self.sz.rdv_count * self.sz.rdv_bytes,
-                Access::Local,
-                self.global_limit,
-            )
-            .map_err(|e| e.to_string())?;
+            let st = Reg::of(&self.pd, &self.dev, self.global_limit)
+                .take(self.sz.rdv_count * self.sz.rdv_bytes, Access::Local)
+                .map_err(|e| e.to_string())?;
             self.staging = Some(st);
         }
         Ok(())
@@ -1011,15 +1342,18 @@ impl Buffers for ConnMemory {
     fn close_staging(&mut self) {
         // Called only when every staging buffer is free: no posted WRITE
         // reads it.
-        self.staging = None;
+        if let Some(st) = self.staging.take() {
+            Reg::of(&self.pd, &self.dev, self.global_limit).put(st);
+        }
     }
     fn grow_send(&mut self, n: u32) -> Result<(), String> {
         self.send
-            .ensure(&self.pd, n as usize, self.global_limit)
+            .ensure(Reg::of(&self.pd, &self.dev, self.global_limit), n as usize)
             .map_err(|e| e.to_string())
     }
     fn shrink_send(&mut self, n: u32) {
-        self.send.trim(n as usize);
+        self.send
+            .trim(Reg::of(&self.pd, &self.dev, self.global_limit), n as usize);
     }
     fn shrink_recv(&mut self, n: u32) {
         // §4.7: the peer released the credits above `n`. Its slots leave
@@ -1058,7 +1392,7 @@ impl Buffers for ConnMemory {
             return Ok(());
         }
         self.recv
-            .ensure(&self.pd, n as usize, self.global_limit)
+            .ensure(Reg::of(&self.pd, &self.dev, self.global_limit), n as usize)
             .map_err(|e| e.to_string())
     }
 }
@@ -1175,5 +1509,63 @@ mod pool_tests {
         reserve(&mut p, 4, 1 << 14).unwrap();
         assert!(give_back(&mut p, &[999_999]).is_empty());
         assert_eq!(p.active, 20);
+    }
+
+    const SEG: BlockKey = (32 << 10, Access::Local);
+    const RDV: BlockKey = (2 << 20, Access::Window);
+
+    #[test]
+    fn a_block_given_back_serves_the_next_taker_of_its_size_and_access() {
+        let mut c = BlockCache::new(16 << 20);
+        assert_eq!(c.take(SEG), None, "an empty cache registers");
+        assert_eq!(c.put(SEG, 1), None);
+        assert_eq!(c.put(RDV, 2), None);
+        assert_eq!(c.idle_bytes, (32 << 10) + (2 << 20));
+        assert_eq!(c.take((32 << 10, Access::Window)), None, "access differs");
+        assert_eq!(c.take((64 << 10, Access::Local)), None, "size differs");
+        assert_eq!(c.take(RDV), Some(2));
+        assert_eq!(c.take(SEG), Some(1));
+        assert_eq!((c.take(SEG), c.idle_bytes), (None, 0));
+        // The most recently given back comes first.
+        c.put(SEG, 3);
+        c.put(SEG, 4);
+        assert_eq!(c.take(SEG), Some(4));
+    }
+
+    #[test]
+    fn idle_blocks_stay_under_the_cap() {
+        let mut c = BlockCache::new(3 << 20);
+        assert_eq!(c.put(RDV, 1), None);
+        assert_eq!(c.put(RDV, 2), Some(2), "over the cap: deregistered");
+        assert_eq!(c.put(SEG, 3), None, "a smaller block still fits");
+        assert_eq!(c.idle_bytes, (2 << 20) + (32 << 10));
+        let mut none = BlockCache::new(0);
+        assert_eq!(none.put(SEG, 1), Some(1), "a zero cap keeps nothing");
+        let mut out = Vec::new();
+        c.clear(&mut out);
+        out.sort_unstable();
+        assert_eq!((out, c.idle_bytes), (vec![1, 3], 0));
+    }
+
+    #[test]
+    fn a_block_goes_once_idle_for_a_whole_period() {
+        let mut c = BlockCache::new(16 << 20);
+        let mut out = Vec::new();
+        c.put(SEG, 1);
+        // The first sweep may come right after the block went idle: kept.
+        c.sweep(&mut out);
+        assert!(out.is_empty());
+        c.put(SEG, 2);
+        // A whole period later block 1 goes, block 2 (idle for less) stays.
+        c.sweep(&mut out);
+        assert_eq!(out, vec![1]);
+        assert_eq!(c.idle_bytes, 32 << 10);
+        // A block taken and given back again starts a new period.
+        assert_eq!(c.take(SEG), Some(2));
+        c.put(SEG, 2);
+        c.sweep(&mut out);
+        assert_eq!(out, vec![1], "block 2 is younger than a period");
+        c.sweep(&mut out);
+        assert_eq!((out, c.idle_bytes), (vec![1, 2], 0));
     }
 }

@@ -60,6 +60,13 @@ stats! {
     /// Of those, connections whose receive buffers come from a listener's
     /// shared receive queue (wire-protocol-rdma §4.7).
     shared_receive_connections,
+    /// Memory regions registered (`ibv_reg_mr` calls). Process-wide only
+    /// ([`global_stats`](crate::global_stats)); 0 in a connection's stats.
+    memory_registrations,
+    /// Registered blocks a connection took from the process-wide pool of
+    /// its device instead of registering new memory (buffer-ownership.md,
+    /// "Process-wide block pool"). Process-wide only, as above.
+    pool_reuses,
 }
 
 pub(crate) static GLOBAL: ConnStats = ConnStats::new_const();

@@ -262,6 +262,24 @@ fn chunk(h: &Hello, idx: u32, len: u32, total: u64, last: bool) -> impl FnOnce(&
     }
 }
 
+/// Asks the listener for its rendezvous region (§5.5) and waits for the
+/// grant: (address, rkey).
+async fn grant(p: &mut RawPeer) -> (u64, u32) {
+    let st = p.send_header(Kind::RdvRequest, |_| {}).await.unwrap();
+    assert!(st.ok(), "{st:?}");
+    loop {
+        let m = p
+            .recv(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .expect("the listener grants its region");
+        let h = Header::decode(&m).unwrap();
+        if h.kind == Kind::RdvGrant {
+            return (h.addr, h.len);
+        }
+    }
+}
+
 async fn within<F: std::future::Future<Output = ()>>(secs: u64, what: &str, f: F) {
     tokio::time::timeout(Duration::from_secs(secs), f)
         .await
@@ -394,19 +412,7 @@ async fn granted_windows_work_only_on_their_own_connection() {
         };
         let server = EchoServer::start(ip, cfg).await;
         let (mut a, a_addr) = raw(&server, |_| {}).await;
-        let st = a.send_header(Kind::RdvRequest, |_| {}).await.unwrap();
-        assert!(st.ok(), "{st:?}");
-        let (addr, rkey) = loop {
-            let m = a
-                .recv(Duration::from_secs(10))
-                .await
-                .unwrap()
-                .expect("the listener grants its region");
-            let h = Header::decode(&m).unwrap();
-            if h.kind == Kind::RdvGrant {
-                break (h.addr, h.len);
-            }
-        };
+        let (addr, rkey) = grant(&mut a).await;
         println!("A was granted a region at {addr:#x}, rkey {rkey:#x}");
         let stats = server.stats.lock().unwrap()[&a_addr].clone();
         assert_eq!(
@@ -424,6 +430,87 @@ async fn granted_windows_work_only_on_their_own_connection() {
         let st = a.write(&pattern(8, 4096), addr, rkey).await.unwrap();
         assert!(st.ok(), "A's window still works: {st:?}");
         server.others_still_work("window isolation").await;
+    })
+    .await;
+}
+
+/// buffer-ownership.md, "Process-wide block pool": a rendezvous region a
+/// closed connection gave back is zeroed before the pool grants it to the
+/// next one, so a peer that announces a chunk it never wrote reads zeros,
+/// not what another connection's peer wrote there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recycled_region_holds_nothing_of_its_last_connection() {
+    let Some(ip) = device_ip("a_recycled_region_holds_nothing_of_its_last_connection") else {
+        return;
+    };
+    within(120, "recycled region", async {
+        let server = EchoServer::start(ip, Config::default()).await;
+        // Keeps the device pool alive (it goes with the last connection).
+        let (_keep, _) = raw(&server, |_| {}).await;
+        let (mut a, a_addr) = raw(&server, |_| {}).await;
+        let (addr_a, rkey_a) = grant(&mut a).await;
+        let secret = vec![0x5Au8; 4096];
+        let st = a.write(&secret, addr_a, rkey_a).await.unwrap();
+        assert!(st.ok(), "A writes its granted region: {st:?}");
+        drop(a);
+        let _ = server.outcome(a_addr).await;
+        // A's region reaches the pool once the listener's teardown is done.
+        let region = {
+            let d = Config::default();
+            d.rendezvous_buffers as usize * d.rendezvous_buffer_bytes
+        };
+        let pooled = !iwarp();
+        let t = std::time::Instant::now();
+        while pooled && rdma_transport::pool_idle_bytes() < region {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "A's region did not reach the device pool within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (mut b, _) = raw(&server, |_| {}).await;
+        let (addr_b, _) = grant(&mut b).await;
+        if pooled {
+            assert_eq!(addr_b, addr_a, "B was granted A's region, from the pool");
+        }
+        // B announces a whole 4 KiB chunk it never wrote.
+        let st = b
+            .send_header(Kind::Chunk, |c: &mut Header| {
+                c.rdv_index = 0;
+                c.len = 4096;
+                c.total_len = 4096;
+                c.addr = addr_b;
+                c.flags |= FLAG_LAST;
+            })
+            .await
+            .unwrap();
+        assert!(st.ok(), "{st:?}");
+        let echo = loop {
+            let m = b
+                .recv(Duration::from_secs(10))
+                .await
+                .unwrap()
+                .expect("the echo of B's message");
+            let h = Header::decode(&m).unwrap();
+            if h.kind == Kind::Eager {
+                break m[HDR_LEN..].to_vec();
+            }
+        };
+        assert_eq!(echo.len(), 4096);
+        assert!(
+            echo.iter().all(|&x| x == 0),
+            "B read {} bytes of A's data from the recycled region",
+            echo.iter().filter(|&&x| x == 0x5A).count()
+        );
+        println!(
+            "B was granted {} region and read zeros where A had written",
+            if pooled {
+                "A's recycled"
+            } else {
+                "a new (siw: no pool)"
+            }
+        );
+        server.others_still_work("recycled region").await;
     })
     .await;
 }

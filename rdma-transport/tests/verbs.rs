@@ -1201,3 +1201,117 @@ async fn idle_credits_go_back_to_the_shared_pool() {
     .await
     .expect("timeout");
 }
+
+/// Waits (up to 10 s) until the device pools keep at least `bytes` idle
+/// (the teardowns of closed connections gave their blocks back); how many.
+async fn pooled_at_least(bytes: usize) -> usize {
+    let t = Instant::now();
+    while rdma_transport::pool_idle_bytes() < bytes {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{} KiB idle in the pool 10 s after the close",
+            rdma_transport::pool_idle_bytes() >> 10
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rdma_transport::pool_idle_bytes()
+}
+
+/// buffer-ownership.md, "Process-wide block pool": a connection that closes
+/// gives its blocks (ring segments, staging buffers, rendezvous regions) to
+/// its device's pool, and the next connection takes them instead of
+/// registering memory; blocks idle for a whole `memory_idle_release` are
+/// deregistered. Where the device has no memory windows (siw) every
+/// connection keeps a PD and buffers of its own: nothing is pooled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_connections_blocks_serve_the_next_one() {
+    let Some(ip) = device_ip("a_closed_connections_blocks_serve_the_next_one") else {
+        return;
+    };
+    let pooled = !iwarp();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        // The first connection on the device sets the pool's period: long
+        // enough that the blocks wait for the next connection below.
+        let cfg = Config {
+            memory_idle_release: Duration::from_secs(3),
+            ..Config::default()
+        };
+        let region = cfg.rendezvous_buffers as usize * cfg.rendezvous_buffer_bytes;
+        let base = rdma_transport::registered_bytes();
+        // Keeps the device pool alive throughout.
+        let keep = pair(ip, &cfg).await;
+        let stats = rdma_transport::global_stats;
+        // One connection moves 1 MiB each way (each side registers a
+        // staging buffer and a rendezvous region), then closes.
+        let exchange = |(c, s): (Connection, Connection), round: u64| async move {
+            let (mut ctx, mut crx) = c.split();
+            let (mut stx, mut srx) = s.split();
+            let m = pattern(round, 1 << 20);
+            ctx.send(m.clone()).await.unwrap();
+            assert!(srx.recv().await.unwrap().unwrap() == m, "1 MiB intact");
+            stx.send(m.clone()).await.unwrap();
+            assert!(crx.recv().await.unwrap().unwrap() == m, "1 MiB intact back");
+            ctx.close().await;
+            assert!(srx.recv().await.unwrap().is_none(), "closed");
+            stx.close().await;
+            assert!(crx.recv().await.unwrap().is_none(), "closed");
+        };
+        let before = stats();
+        exchange(pair(ip, &cfg).await, 1).await;
+        let first = stats();
+        let regs_first = first.memory_registrations - before.memory_registrations;
+        assert!(regs_first > 0);
+        if !pooled {
+            assert_eq!(first.pool_reuses, before.pool_reuses, "siw: nothing pooled");
+            assert_eq!(rdma_transport::pool_idle_bytes(), 0);
+            println!("siw: no memory windows, no device pool ({regs_first} registrations per connection)");
+            drop(keep);
+            settle_registered(base).await;
+            assert_eq!(rdma_transport::registered_bytes(), base);
+            return;
+        }
+        // Both sides' regions and staging buffers wait in the pool once the
+        // teardowns are done.
+        let idle = pooled_at_least(4 * region).await;
+        let before = stats();
+        exchange(pair(ip, &cfg).await, 2).await;
+        let second = stats();
+        let regs_second = second.memory_registrations - before.memory_registrations;
+        let reuses = second.pool_reuses - before.pool_reuses;
+        println!(
+            "first connection: {regs_first} registrations; after it closed {} KiB idle in the \
+             pool; second connection: {regs_second} registrations, {reuses} blocks from the pool",
+            idle >> 10
+        );
+        assert!(reuses >= 4, "both sides' regions and staging buffers were reused");
+        assert!(
+            regs_second < regs_first,
+            "the second connection registered less than the first"
+        );
+        // Shrinks when idle: once back in the pool, nothing uses the blocks
+        // for a whole period.
+        pooled_at_least(4 * region).await;
+        let t = Instant::now();
+        while rdma_transport::pool_idle_bytes() > 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(15),
+                "{} KiB still idle in the pool 15 s on",
+                rdma_transport::pool_idle_bytes() >> 10
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!(
+            "idle blocks deregistered {:.1} s after the second connection closed",
+            t.elapsed().as_secs_f64()
+        );
+        drop(keep);
+        settle_registered(base).await;
+        assert_eq!(
+            rdma_transport::registered_bytes(),
+            base,
+            "everything freed with the last connection"
+        );
+    })
+    .await
+    .expect("timeout");
+}

@@ -93,6 +93,10 @@ struct ServerArgs {
     /// Tokio worker threads (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// `Config::device_pool: false`: every connection registers its own
+    /// buffers in a PD of its own (for a comparison with the default).
+    #[arg(long)]
+    no_device_pool: bool,
 }
 
 #[derive(ClapArgs, Debug, Clone, Serialize)]
@@ -159,6 +163,11 @@ struct ClientArgs {
     /// Passed to the server this process starts (see `scale server --help`).
     #[arg(long, default_value_t = 65536)]
     max_conns_per_address: usize,
+    /// `Config::device_pool: false` in this process and the server it
+    /// starts: every connection registers its own buffers in a PD of its
+    /// own (for a comparison with the default).
+    #[arg(long)]
+    no_device_pool: bool,
     /// Tokio worker threads of this process and of the server it starts.
     #[arg(long)]
     threads: Option<usize>,
@@ -218,6 +227,14 @@ struct ProcFigures {
     connections_total: u64,
     #[serde(default)]
     shared_receive_connections: u64,
+    /// Memory regions registered so far (`ibv_reg_mr` calls), blocks taken
+    /// from the device pool instead, and the bytes the pool keeps idle.
+    #[serde(default)]
+    memory_registrations: u64,
+    #[serde(default)]
+    pool_reuses: u64,
+    #[serde(default)]
+    pool_idle_bytes: u64,
 }
 
 /// A `kB` field of /proc/self/status, in bytes.
@@ -244,6 +261,9 @@ fn proc_figures() -> ProcFigures {
         fds: std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count() as u64),
         connections_total: rdma_transport::global_stats().connections,
         shared_receive_connections: rdma_transport::global_stats().shared_receive_connections,
+        memory_registrations: rdma_transport::global_stats().memory_registrations,
+        pool_reuses: rdma_transport::global_stats().pool_reuses,
+        pool_idle_bytes: rdma_transport::pool_idle_bytes() as u64,
     }
 }
 
@@ -291,15 +311,18 @@ async fn server_main(a: ServerArgs) -> Result<(), String> {
 
     let mut builder = Server::builder();
     let mut per_address = rdma_transport::Config::default().max_connections_per_address;
-    if a.max_conns_per_address > 0 {
+    if a.max_conns_per_address > 0 || a.no_device_pool {
         // rpc-core's own RDMA settings (rpc_core::rdma::transport_config:
         // the transport's defaults with the call layer's frame limit) with
-        // only the per-address connection limit raised. The registered-memory
-        // cap stays the default.
-        per_address = a.max_conns_per_address;
+        // only the per-address connection limit raised (and the device pool
+        // off if asked). The registered-memory cap stays the default.
+        if a.max_conns_per_address > 0 {
+            per_address = a.max_conns_per_address;
+        }
         builder = builder.rdma_config(rdma_transport::Config {
             max_message_bytes: rpc_core::MAX_RDMA_FRAME,
             max_connections_per_address: per_address,
+            device_pool: !a.no_device_pool,
             ..rdma_transport::Config::default()
         });
     }
@@ -389,6 +412,9 @@ impl ServerProc {
             .arg(a.addr.to_string())
             .arg("--max-conns-per-address")
             .arg(a.max_conns_per_address.to_string());
+        if a.no_device_pool {
+            cmd.arg("--no-device-pool");
+        }
         if let Some(n) = a.threads {
             cmd.arg("--threads").arg(n.to_string());
         }
@@ -639,19 +665,27 @@ fn explain_connect_error(e: &str) -> String {
 }
 
 /// Opens one RDMA channel (checked to be RDMA).
-async fn connect_one(target: String, i: usize) -> Result<(Client, Duration), String> {
+async fn connect_one(
+    target: String,
+    i: usize,
+    device_pool: bool,
+) -> Result<(Client, Duration), String> {
     let t = Instant::now();
-    let ch = Channel::builder(target.clone())
-        .transport(Transport::RdmaOnly)
-        .connect()
-        .await
-        .map_err(|e| {
-            format!(
-                "connection {}: {}",
-                i + 1,
-                explain_connect_error(&e.to_string())
-            )
-        })?;
+    let mut b = Channel::builder(target.clone()).transport(Transport::RdmaOnly);
+    if !device_pool {
+        b = b.rdma_config(rdma_transport::Config {
+            max_message_bytes: rpc_core::MAX_RDMA_FRAME,
+            device_pool: false,
+            ..rdma_transport::Config::default()
+        });
+    }
+    let ch = b.connect().await.map_err(|e| {
+        format!(
+            "connection {}: {}",
+            i + 1,
+            explain_connect_error(&e.to_string())
+        )
+    })?;
     let took = t.elapsed();
     let info = ch.transport();
     if info.kind != TransportKind::Rdma {
@@ -700,7 +734,7 @@ async fn open_connections(
                     break;
                 }
             }
-            tasks.spawn(connect_one(dest.to_string(), next));
+            tasks.spawn(connect_one(dest.to_string(), next, !a.no_device_pool));
             next += 1;
         }
         let Some(r) = tasks.join_next().await else {
@@ -1110,6 +1144,19 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
             human_bytes(step.client_registered_per_conn),
             human_bytes(step.client.rss_bytes as f64),
             step.client.fds
+        );
+        let pooled = |f: &ProcFigures| {
+            format!(
+                "{} registrations, {} blocks from the device pool, {} idle in it",
+                f.memory_registrations,
+                f.pool_reuses,
+                human_bytes(f.pool_idle_bytes as f64)
+            )
+        };
+        eprintln!(
+            "scale: step {target}: so far server {}; client {}",
+            step.server.as_ref().map_or("n/a".into(), pooled),
+            pooled(&step.client)
         );
         if pool.is_empty() || fatal.is_some() {
             steps.push(step);

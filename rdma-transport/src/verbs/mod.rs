@@ -155,12 +155,9 @@ impl Drop for Pd {
     }
 }
 
-/// What the device of a bound cm_id offers for a listener's shared receive
-/// queue (wire protocol §4.7): `Some(max_srq_wr)` when it has SRQs and
-/// type-2 memory windows (both are needed: the shared PD puts rendezvous
-/// regions behind QP-bound windows), `None` otherwise (siw has SRQs but no
-/// windows) or when the device cannot be queried.
-pub(crate) fn shared_receive_support(id: &cm::CmId) -> Option<u32> {
+/// The device attributes of a bound cm_id (`None`: not bound, or the query
+/// failed).
+fn query_device(id: &cm::CmId) -> Option<ibv_device_attr> {
     let ctx = id.verbs();
     if ctx.is_null() {
         return None;
@@ -174,12 +171,30 @@ pub(crate) fn shared_receive_support(id: &cm::CmId) -> Option<u32> {
         tracing::debug!("ibv_query_device failed: {}", Errno(r));
         return None;
     }
-    let type_2 = attr.device_cap_flags
-        & (ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
-            | ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
-        != 0;
-    (attr.max_srq > 0 && attr.max_srq_wr > 0 && attr.max_mw > 0 && type_2)
-        .then_some(attr.max_srq_wr as u32)
+    Some(attr)
+}
+
+/// Whether the device of a bound cm_id has type-2 memory windows, which a
+/// shared PD needs: there, rendezvous regions are reached only through
+/// windows bound to one QP (wire protocol §4.7). siw has none.
+pub(crate) fn window_support(id: &cm::CmId) -> bool {
+    query_device(id).is_some_and(|attr| {
+        attr.max_mw > 0
+            && attr.device_cap_flags
+                & (ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
+                    | ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
+                != 0
+    })
+}
+
+/// What the device of a bound cm_id offers for a listener's shared receive
+/// queue (wire protocol §4.7): `Some(max_srq_wr)` when it has SRQs, `None`
+/// otherwise or when the device cannot be queried. (The shared PD it lives
+/// in also needs [`window_support`].)
+pub(crate) fn shared_receive_support(id: &cm::CmId) -> Option<u32> {
+    query_device(id).and_then(|attr| {
+        (attr.max_srq > 0 && attr.max_srq_wr > 0).then_some(attr.max_srq_wr as u32)
+    })
 }
 
 /// Shared receive queue of a listener's shared PD (wire protocol §4.7).
