@@ -168,6 +168,12 @@ struct ClientArgs {
     /// own (for a comparison with the default).
     #[arg(long)]
     no_device_pool: bool,
+    /// After the steps: this many connection cycles, one after another
+    /// (open, one 64 B call, one 1 MiB call, close), with the first
+    /// connection kept open; prints cycles/s and memory registrations per
+    /// cycle on each side (0 = none).
+    #[arg(long, default_value_t = 0)]
+    churn: usize,
     /// Tokio worker threads of this process and of the server it starts.
     #[arg(long)]
     threads: Option<usize>,
@@ -931,6 +937,83 @@ async fn bandwidth(
     })
 }
 
+/// What `--churn` measured.
+#[derive(Debug, Clone, Serialize)]
+struct Churn {
+    cycles: usize,
+    secs: f64,
+    /// Memory registrations per cycle (`ibv_reg_mr` calls), blocks taken
+    /// from the device pool per cycle, on each side (server: `None` when
+    /// its figures are not available).
+    client_registrations: f64,
+    client_pool_reuses: f64,
+    server_registrations: Option<f64>,
+    server_pool_reuses: Option<f64>,
+}
+
+impl Churn {
+    fn line(&self) -> String {
+        let per = |x: Option<f64>| x.map_or("n/a".into(), |v| format!("{v:.2}"));
+        format!(
+            "{} cycles (open, 64 B call, 1 MiB call, close) in {:.1} s: {:.1} cycles/s; \
+             per cycle: client {:.2} registrations, {:.2} blocks from the pool; \
+             server {} registrations, {} blocks from the pool",
+            self.cycles,
+            self.secs,
+            self.cycles as f64 / self.secs,
+            self.client_registrations,
+            self.client_pool_reuses,
+            per(self.server_registrations),
+            per(self.server_pool_reuses)
+        )
+    }
+}
+
+/// `--churn`: connection cycles one after another (the next opens as soon
+/// as the previous one is dropped; its teardown may still be running).
+async fn churn_cycles(
+    a: &ClientArgs,
+    dest: &str,
+    timeout: Duration,
+    server: &mut Option<ServerProc>,
+    server_stats: &dyn Fn(&mut Option<ServerProc>) -> Result<Option<ProcFigures>, String>,
+) -> Result<Churn, String> {
+    let before_client = proc_figures();
+    let before_server = server_stats(server)?;
+    let start = Instant::now();
+    for i in 0..a.churn {
+        let (mut c, _) = connect_one(dest.to_string(), i, !a.no_device_pool).await?;
+        call(&mut c, request(SMALL), timeout)
+            .await
+            .map_err(|e| format!("cycle {i}: 64 B call: {e}"))?;
+        call(&mut c, request(LARGE), timeout)
+            .await
+            .map_err(|e| format!("cycle {i}: 1 MiB call: {e}"))?;
+        drop(c);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let after_client = proc_figures();
+    let after_server = server_stats(server)?;
+    let n = a.churn as f64;
+    let (srv_regs, srv_reuses) = match (before_server, after_server) {
+        (Some(b), Some(x)) => (
+            Some((x.memory_registrations - b.memory_registrations) as f64 / n),
+            Some((x.pool_reuses - b.pool_reuses) as f64 / n),
+        ),
+        _ => (None, None),
+    };
+    Ok(Churn {
+        cycles: a.churn,
+        secs,
+        client_registrations: (after_client.memory_registrations
+            - before_client.memory_registrations) as f64
+            / n,
+        client_pool_reuses: (after_client.pool_reuses - before_client.pool_reuses) as f64 / n,
+        server_registrations: srv_regs,
+        server_pool_reuses: srv_reuses,
+    })
+}
+
 /// The step's bandwidth figures on `c` (pool index `pick`): `--bw-rounds`
 /// rounds of every `--bw-inflight` value.
 async fn measure_bandwidth(
@@ -1294,6 +1377,18 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
         steps.push(step);
     }
 
+    let churn = if a.churn > 0 && fatal.is_none() {
+        pool.truncate(1);
+        let r = churn_cycles(&a, &dest, timeout, &mut server, &server_stats).await;
+        match &r {
+            Ok(c) => eprintln!("scale: churn: {}", c.line()),
+            Err(e) => eprintln!("scale: churn: FAILED: {e}"),
+        }
+        Some(r)
+    } else {
+        None
+    };
+
     let table = render(
         &a,
         &dest,
@@ -1303,6 +1398,11 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
         &steps,
     );
     println!("{table}");
+    match &churn {
+        Some(Ok(c)) => println!("Churn: {}\n", c.line()),
+        Some(Err(e)) => println!("Churn: FAILED: {e}\n"),
+        None => {}
+    }
     let mut out_err = None;
     if let Some(f) = &a.markdown {
         if let Err(e) = std::fs::write(f, &table) {
@@ -1317,6 +1417,7 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
             "destination": dest,
             "baseline": {"server": base_server, "client": base_client},
             "steps": steps,
+            "churn": churn.as_ref().map(|r| r.as_ref().ok()),
             "run_secs": run_start.elapsed().as_secs_f64(),
         });
         let text = serde_json::to_string_pretty(&doc).unwrap_or_default();
@@ -1333,6 +1434,9 @@ async fn client_main(a: ClientArgs) -> Result<(), String> {
     let mut why = Vec::new();
     if let Some(e) = fatal {
         why.push(e);
+    }
+    if let Some(Err(e)) = churn {
+        why.push(format!("churn: {e}"));
     }
     for s in &steps {
         if let Some(stop) = &s.stopped {
