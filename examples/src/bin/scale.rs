@@ -937,6 +937,9 @@ async fn bandwidth(
     })
 }
 
+/// Asks the server process (if this process started one) for its figures.
+type ServerStats = dyn Fn(&mut Option<ServerProc>) -> Result<Option<ProcFigures>, String>;
+
 /// What `--churn` measured.
 #[derive(Debug, Clone, Serialize)]
 struct Churn {
@@ -976,7 +979,7 @@ async fn churn_cycles(
     dest: &str,
     timeout: Duration,
     server: &mut Option<ServerProc>,
-    server_stats: &dyn Fn(&mut Option<ServerProc>) -> Result<Option<ProcFigures>, String>,
+    server_stats: &ServerStats,
 ) -> Result<Churn, String> {
     let before_client = proc_figures();
     let before_server = server_stats(server)?;
