@@ -19,7 +19,10 @@
 //!   `--idle-secs`), then measures 64 B latency on one connection picked from
 //!   the pool (one call in flight, the others idle) and 1 MiB request
 //!   bandwidth on it (1 and 8 in flight), with ratios to the 1-connection
-//!   figures of the same run.
+//!   figures of the same run. `--churn N` then opens and closes N more
+//!   connections one after another (a 64 B and a 1 MiB call each) and
+//!   prints cycles/s and memory registrations per cycle on both sides
+//!   (`--no-device-pool` for the comparison without the device pool).
 //!
 //! The registered-memory cap is the transport's default
 //! (`Config::global_max_registered_bytes`, 4 GiB) in both processes. The
