@@ -192,6 +192,7 @@ impl SharedPools {
         };
         let max = (cfg.shared_receive_max_buffers as usize).min(max_wr as usize);
         match RecvPool::new(
+            id,
             dev.pd().clone(),
             cfg.recv_slot_bytes,
             max,

@@ -17,8 +17,9 @@ use crate::engine::{Action, Buffers};
 use crate::error::{Error, PeerMisbehaved};
 // Named imports shadow rdma-sys' `extern` declarations: these call the
 // libraries loaded at run time (see `verbs::dl`).
+use crate::verbs::cm::CmId;
 use crate::verbs::dl::{ibv_dereg_mr, ibv_reg_mr};
-use crate::verbs::{verb_err, Cq, Mw, Pd, Qp, SendDesc, Srq};
+use crate::verbs::{verb_err, Cq, LoopQp, Mw, Pd, Qp, SendDesc, Srq};
 
 /// Process-wide registered bytes (checked against `Config::global_max_registered_bytes`).
 pub(crate) static REGISTERED_BYTES: AtomicUsize = AtomicUsize::new(0);
@@ -606,6 +607,20 @@ pub(crate) const WR_SRQ: u64 = 3;
 /// wr_id kind tag of a memory-window bind (§4.7): filtered out before the
 /// engine sees completions.
 pub(crate) const WR_BIND: u64 = 4;
+/// wr_id kind tag of a shared receive pool's drain SEND (§4.7), on the
+/// pool's own loopback QP.
+const WR_DRAIN: u64 = 5;
+/// Zero-length SENDs a drain posts at once (its QP's send queue depth).
+const DRAIN_BATCH: usize = 64;
+/// A drain starts once this many posted buffers are drainable: two chunks.
+const DRAIN_MIN: usize = 2 * CHUNK_BUFFERS;
+
+/// Buffers a drain may take back now: the drainable ones less one more
+/// slack's worth, for the buffers closing connections' QPs took from the
+/// SRQ and have not given back yet (they still count as posted).
+fn drain_size<C>(st: &PoolState<C>) -> usize {
+    st.drainable().saturating_sub(POOL_SLACK)
+}
 
 /// Buffers per registered chunk of a shared receive pool (128 KiB with
 /// 8 KiB buffers).
@@ -631,8 +646,13 @@ pub(crate) const POOL_SLACK: usize = 16;
 /// buffers cannot be taken back from an SRQ: the pool shrinks as traffic
 /// consumes them, and goes (SRQ, PD and chunks) with its last connection.
 pub(crate) struct RecvPool {
-    // Declared first: destroyed before the chunks it may still have posted.
+    // Declared first: the drain's QP is destroyed before the SRQ it
+    // receives from, and the SRQ before the chunks it may still have posted.
+    drain: Mutex<Option<LoopQp>>,
     srq: Arc<Srq>,
+    /// The cm_id of the connection that created the pool (its device
+    /// context, port and address: for the drain's QP).
+    anchor: Arc<CmId>,
     pd: Arc<Pd>,
     buf_bytes: usize,
     max_buffers: usize,
@@ -651,8 +671,17 @@ struct PoolState<C> {
     idle: Vec<u32>,
     /// Σ of the connections' credit limits.
     reserved: usize,
-    /// Buffers posted to the SRQ or held by a connection.
+    /// Buffers posted to the SRQ or held by a connection (less those a
+    /// drain is taking back).
     active: usize,
+    /// Per buffer, whether a connection holds it (its receive completed,
+    /// the slot not reposted yet), and how many do.
+    is_held: Vec<bool>,
+    held: usize,
+    /// A drain task runs (at most one per pool), or draining failed once
+    /// (then never again for this pool).
+    draining: bool,
+    drain_off: bool,
     /// Scratch list of buffers to post (kept: no allocation per repost).
     post: Vec<u32>,
 }
@@ -665,6 +694,10 @@ impl<C> Default for PoolState<C> {
             idle: Vec::new(),
             reserved: 0,
             active: 0,
+            is_held: Vec::new(),
+            held: 0,
+            draining: false,
+            drain_off: false,
             post: Vec::new(),
         }
     }
@@ -704,6 +737,8 @@ impl<C> PoolState<C> {
         };
         self.chunks[k] = Some(c);
         self.idle_in_chunk[k] = CHUNK_BUFFERS;
+        self.is_held
+            .resize(self.chunks.len() * CHUNK_BUFFERS, false);
         let base = (k * CHUNK_BUFFERS) as u32;
         self.idle
             .extend((0..CHUNK_BUFFERS as u32).rev().map(|j| base + j));
@@ -734,26 +769,81 @@ impl<C> PoolState<C> {
             if self.chunks.get(k).is_none_or(Option::is_none) {
                 continue; // not one of ours: never posted again
             }
+            if std::mem::take(&mut self.is_held[b as usize]) {
+                self.held -= 1;
+            }
             if self.active > self.target() {
                 self.active -= 1;
-                self.idle.push(b);
-                self.idle_in_chunk[k] += 1;
-                if self.idle_in_chunk[k] == CHUNK_BUFFERS {
-                    // No buffer of this chunk is posted or held: the NIC
-                    // cannot write it any more.
-                    self.idle.retain(|&i| i as usize / CHUNK_BUFFERS != k);
-                    self.idle_in_chunk[k] = 0;
-                    self.chunks[k] = None;
-                }
+                self.make_idle(b);
             } else {
                 self.post.push(b);
             }
         }
     }
+
+    /// `b` (neither posted nor held any more) joins the idle buffers; a
+    /// chunk whose buffers are then all idle is let go.
+    fn make_idle(&mut self, b: u32) {
+        let k = b as usize / CHUNK_BUFFERS;
+        self.idle.push(b);
+        self.idle_in_chunk[k] += 1;
+        if self.idle_in_chunk[k] == CHUNK_BUFFERS {
+            // No buffer of this chunk is posted or held: the NIC cannot
+            // write it any more.
+            self.idle.retain(|&i| i as usize / CHUNK_BUFFERS != k);
+            self.idle_in_chunk[k] = 0;
+            self.chunks[k] = None;
+        }
+    }
+
+    /// A receive completion handed buffer `b` to a connection; whether it
+    /// is one of ours.
+    fn hold(&mut self, b: u32) -> bool {
+        let k = b as usize / CHUNK_BUFFERS;
+        if self.chunks.get(k).is_none_or(Option::is_none) || self.is_held[b as usize] {
+            return false;
+        }
+        self.is_held[b as usize] = true;
+        self.held += 1;
+        true
+    }
+
+    /// Posted buffers beyond what the connections' credits and the slack
+    /// need: every connection may still receive `limit − held` messages,
+    /// so the SRQ must keep `reserved − held + slack` posted; the rest can
+    /// be taken back by a drain.
+    fn drainable(&self) -> usize {
+        let posted = self.active.saturating_sub(self.held);
+        posted.saturating_sub(self.reserved.saturating_sub(self.held) + POOL_SLACK)
+    }
+
+    /// Starts taking back `k` posted buffers (at most [`drainable`]): they
+    /// leave `active` now, so nothing counts on them from here on.
+    fn drain_start(&mut self, k: usize) {
+        debug_assert!(k <= self.drainable());
+        self.active -= k;
+    }
+
+    /// A drain consumed posted buffer `b` (its receive completed, or was
+    /// flushed, on the drain's own QP): idle now.
+    fn drained(&mut self, b: u32) {
+        let k = b as usize / CHUNK_BUFFERS;
+        if self.chunks.get(k).is_none_or(Option::is_none) {
+            return;
+        }
+        self.make_idle(b);
+    }
+
+    /// A drain that stopped with `k` of its buffers not consumed: they are
+    /// still posted.
+    fn drain_undo(&mut self, k: usize) {
+        self.active += k;
+    }
 }
 
 impl RecvPool {
     pub(crate) fn new(
+        id: &Arc<CmId>,
         pd: Arc<Pd>,
         buf_bytes: usize,
         max_buffers: usize,
@@ -762,7 +852,9 @@ impl RecvPool {
         let max_buffers = max_buffers.max(CHUNK_BUFFERS);
         let srq = Arc::new(Srq::new(&pd, max_buffers as u32)?);
         Ok(RecvPool {
+            drain: Mutex::new(None),
             srq,
+            anchor: id.clone(),
             pd,
             buf_bytes,
             max_buffers,
@@ -807,18 +899,179 @@ impl RecvPool {
         self.post(&mut st)
     }
 
-    /// Lowers the sum of credit limits by `n` (a connection closed).
-    pub(crate) fn unreserve(&self, n: usize) {
+    /// Lowers the sum of credit limits by `n` (a connection closed, or its
+    /// credits were revoked), and starts a drain if that left many more
+    /// buffers posted than the connections' credits need.
+    pub(crate) fn unreserve(self: &Arc<Self>, n: usize) {
         let mut st = self.lock();
         st.reserved = st.reserved.saturating_sub(n);
+        if st.draining || st.drain_off || drain_size(&st) < DRAIN_MIN {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        st.draining = true;
+        drop(st);
+        let weak = Arc::downgrade(self);
+        rt.spawn(async move {
+            loop {
+                let Some(p) = weak.upgrade() else { break };
+                match p.drain_batch().await {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        tracing::warn!(
+                            "shared receive pool: taking back posted buffers failed ({e}); \
+                             they stay posted until traffic consumes them"
+                        );
+                        let mut st = p.lock();
+                        st.draining = false;
+                        st.drain_off = true;
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
+    /// One round of the drain (wire protocol §4.7, "Shrinking"): posts as
+    /// many zero-length SENDs on the pool's loopback QP as there are
+    /// drainable buffers (at most [`DRAIN_BATCH`]), each consuming one
+    /// posted receive, and makes the consumed buffers idle (chunks whose
+    /// buffers are all idle are deregistered). `Ok(false)`: nothing left
+    /// to drain (`draining` cleared under the same lock).
+    async fn drain_batch(&self) -> Result<bool, Error> {
+        let k = {
+            let mut st = self.lock();
+            // Started at DRAIN_MIN; once running, down to what it may take.
+            let k = drain_size(&st).min(DRAIN_BATCH);
+            if k == 0 {
+                st.draining = false;
+                return Ok(false);
+            }
+            st.drain_start(k);
+            k
+        };
+        // Only one drain task runs per pool (`draining`): the QP is taken
+        // out for the round and put back after.
+        let kept = self.drain.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let qp = match kept {
+            Some(qp) => qp,
+            None => {
+                let ip = self
+                    .anchor
+                    .local_addr()
+                    .map(|a| a.ip())
+                    .ok_or(Error::NoDevice("the pool's address is unknown".into()));
+                match ip.and_then(|ip| {
+                    LoopQp::new(&self.anchor, &self.pd, &self.srq, ip, DRAIN_BATCH as u32)
+                }) {
+                    Ok(qp) => qp,
+                    Err(e) => {
+                        self.lock().drain_undo(k);
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let (consumed, r) = self.drain_round(&qp, k).await;
+        if let Err(e) = r {
+            // The QP is in the error state: no more receive is consumed.
+            // What it did not consume is still posted.
+            self.lock().drain_undo(k - consumed);
+            return Err(e);
+        }
+        *self.drain.lock().unwrap_or_else(|p| p.into_inner()) = Some(qp);
+        Ok(true)
+    }
+
+    /// Posts `k` SENDs on `qp` and waits for the receives they consume:
+    /// (receives consumed, outcome). On a failure the QP is moved to the
+    /// error state and its completions drained before returning.
+    async fn drain_round(&self, qp: &LoopQp, k: usize) -> (usize, Result<(), Error>) {
+        let mut consumed = 0;
+        let mut sent = 0;
+        let mut failure = qp
+            .post_empty_sends(k, WR_DRAIN << 56)
+            .err()
+            .map(|(posted, e)| {
+                sent = k - posted; // never posted: no completion will come
+                e
+            });
+        let mut wcs = Vec::with_capacity(32);
+        let start = std::time::Instant::now();
+        let mut quiet_since: Option<std::time::Instant> = None;
+        loop {
+            wcs.clear();
+            let n = match qp.cq().poll(&mut wcs, 32) {
+                Ok(n) => n,
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    0
+                }
+            };
+            for wc in &wcs {
+                if wc.wr_id >> 56 == WR_SRQ {
+                    // Completed or flushed, this posted receive is gone
+                    // from the SRQ.
+                    consumed += 1;
+                    self.lock().drained(wc.wr_id as u32);
+                    crate::stats::GLOBAL
+                        .receive_buffers_drained
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                } else {
+                    sent += 1;
+                    if wc.status != 0 && failure.is_none() {
+                        failure = Some(Error::Completion {
+                            status: wc.status,
+                            status_str: Cq::status_str(wc.status),
+                            what: "send (shared receive pool drain)",
+                        });
+                    }
+                }
+            }
+            if failure.is_none() && consumed == k && sent == k {
+                return (consumed, Ok(()));
+            }
+            if failure.is_none() && start.elapsed() > std::time::Duration::from_secs(5) {
+                failure = Some(Error::Timeout {
+                    stage: "shared receive pool drain",
+                });
+            }
+            if failure.is_some() {
+                if quiet_since.is_none() {
+                    let _ = qp.to_error();
+                    quiet_since = Some(std::time::Instant::now());
+                }
+                // Flushed completions come promptly: 200 ms without one
+                // more ends the wait (a receive consumed but never reported
+                // would be counted as still posted: one buffer of slack).
+                if n > 0 {
+                    quiet_since = Some(std::time::Instant::now());
+                } else if quiet_since
+                    .is_some_and(|t| t.elapsed() > std::time::Duration::from_millis(200))
+                {
+                    if let Some(e) = failure {
+                        return (consumed, Err(e));
+                    }
+                }
+            }
+            if n == 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
     }
 
     /// The chunk holding buffer `b` and the buffer's offset in it, for a
     /// buffer a receive completion just handed to a connection.
     fn held(&self, b: u32) -> Option<(Arc<RegisteredBuf>, usize)> {
-        let st = self.lock();
+        let mut st = self.lock();
+        if !st.hold(b) {
+            return None;
+        }
         let k = b as usize / CHUNK_BUFFERS;
-        let chunk = st.chunks.get(k)?.as_ref()?.clone();
+        let chunk = st.chunks[k].as_ref()?.clone();
         Some((chunk, (b as usize % CHUNK_BUFFERS) * self.buf_bytes))
     }
 
@@ -1509,6 +1762,66 @@ mod pool_tests {
         reserve(&mut p, 4, 1 << 14).unwrap();
         assert!(give_back(&mut p, &[999_999]).is_empty());
         assert_eq!(p.active, 20);
+    }
+
+    #[test]
+    fn a_drain_takes_back_only_what_no_credit_stands_for() {
+        let mut p = pool();
+        for _ in 0..10 {
+            reserve(&mut p, 4, 1 << 14).unwrap();
+        }
+        assert_eq!((p.active, p.registered()), (56, 64));
+        assert_eq!(
+            p.drainable(),
+            0,
+            "every posted buffer backs a credit or the slack"
+        );
+        // One connection holds a buffer (its receive completed).
+        let b = (0..64u32)
+            .find(|&b| !p.idle.contains(&b))
+            .expect("a posted buffer");
+        assert!(p.hold(b));
+        assert!(!p.hold(b), "a buffer is held once");
+        assert!(!p.hold(999_999), "not one of ours");
+        // Nine connections close: 36 credits leave the target.
+        p.reserved -= 36;
+        // Posted 55; the 4 credits (one of them held) need 3, the slack 16.
+        assert_eq!(p.drainable(), 36);
+        assert_eq!(
+            drain_size(&p),
+            20,
+            "one more slack is left for closing QPs' buffers"
+        );
+        p.drain_start(20);
+        assert_eq!(p.active, 36);
+        // While the drain runs, the held buffer comes back: above the
+        // target, it goes idle.
+        give_back(&mut p, &[b]);
+        assert_eq!((p.active, p.held), (35, 0));
+        // The drain consumed 20 posted buffers: idle now.
+        let posted: Vec<u32> = (0..64u32)
+            .filter(|&x| !p.idle.contains(&x) && x != b)
+            .collect();
+        for &x in &posted[..20] {
+            p.drained(x);
+        }
+        assert_eq!(p.idle.len() + p.active, p.registered());
+        assert_eq!(
+            p.drainable(),
+            35 - 20,
+            "what is left is 20 above the target"
+        );
+        assert!(drain_size(&p) < DRAIN_MIN, "and too little to drain again");
+        // If the drain had stopped after consuming 15 of 20, the other 5
+        // would still be posted.
+        let mut q = pool();
+        for _ in 0..10 {
+            reserve(&mut q, 4, 1 << 14).unwrap();
+        }
+        q.reserved -= 36;
+        q.drain_start(20);
+        q.drain_undo(5);
+        assert_eq!(q.active, 56 - 15);
     }
 
     const SEG: BlockKey = (32 << 10, Access::Local);

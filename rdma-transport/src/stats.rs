@@ -63,6 +63,10 @@ stats! {
     /// Memory regions registered (`ibv_reg_mr` calls). Process-wide only
     /// ([`global_stats`](crate::global_stats)); 0 in a connection's stats.
     memory_registrations,
+    /// Posted receive buffers a listener's shared receive queue took back
+    /// by consuming them on its own loopback QP after connections closed
+    /// (wire-protocol-rdma §4.7, "Shrinking"). Process-wide only, as above.
+    receive_buffers_drained,
     /// Registered blocks a connection took from the process-wide pool of
     /// its device instead of registering new memory (buffer-ownership.md,
     /// "Process-wide block pool"). Process-wide only, as above.

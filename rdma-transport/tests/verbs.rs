@@ -1315,3 +1315,102 @@ async fn a_closed_connections_blocks_serve_the_next_one() {
     .await
     .expect("timeout");
 }
+
+/// Wire §4.7, "Shrinking": when connections close, the buffers the shared
+/// receive queue posted for their credits are taken back by the pool's own
+/// loopback QP (a posted receive cannot be withdrawn otherwise) and their
+/// chunks deregistered, without waiting for traffic; the connection that
+/// stays keeps every credit it has (no RNR), and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_connections_buffers_leave_the_shared_queue() {
+    let Some(ip) = device_ip("closed_connections_buffers_leave_the_shared_queue") else {
+        return;
+    };
+    let shared = !iwarp();
+    // siw has no shared queue (nothing to drain) and refused `ibv_create_cq`
+    // (EAGAIN) within 96 connections of one process: 8 there.
+    let n: usize = if shared { 96 } else { 8 };
+    tokio::time::timeout(Duration::from_secs(180), async {
+        let cfg = Config::default();
+        let base = rdma_transport::registered_bytes();
+        let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone())
+            .await
+            .unwrap();
+        let addr = l.local_addr();
+        let mut pairs = Vec::new();
+        for _ in 0..n {
+            let acc = async { l.accept().await.expect("accept") };
+            let (c, s) = tokio::join!(async { connect(addr, &cfg).await.expect("connect") }, acc);
+            pairs.push((c, s));
+        }
+        // Registered by the shared queue (and the device pool's idle blocks
+        // left out): everything but the connections' own segments (each
+        // client: receive and send segment; each server: send segment).
+        let seg = cfg.initial_send_slots as usize * cfg.recv_slot_bytes;
+        let queue = |conns: usize| {
+            (rdma_transport::registered_bytes() - base - rdma_transport::pool_idle_bytes())
+                .saturating_sub(conns * 3 * seg)
+        };
+        let before = queue(n);
+        let drained = rdma_transport::global_stats().receive_buffers_drained;
+        let rnr = rnr_sum();
+        let (keep_c, keep_s) = pairs.remove(0);
+        for (c, s) in pairs {
+            let (mut tx, _rx) = c.split();
+            tx.close().await;
+            drop((tx, s));
+        }
+        let t = Instant::now();
+        let after = loop {
+            let now = queue(1);
+            if !shared || now <= before / 4 || t.elapsed() > Duration::from_secs(20) {
+                break now;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let taken = rdma_transport::global_stats().receive_buffers_drained - drained;
+        println!(
+            "shared queue: {} KiB with {n} connections, {} KiB {:.1} s after {} closed; \
+             {taken} posted buffers taken back",
+            before >> 10,
+            after >> 10,
+            t.elapsed().as_secs_f64(),
+            n - 1
+        );
+        if shared {
+            assert!(
+                after <= before / 4,
+                "the shared queue kept {} of {} KiB",
+                after >> 10,
+                before >> 10
+            );
+            assert!(taken > 0, "a drain took buffers back");
+        } else {
+            assert_eq!(taken, 0, "siw: no shared queue, nothing to drain");
+        }
+        // The connection that stayed still has all its credits: bursts both
+        // ways, every message intact, no RNR.
+        let (mut ctx, mut crx) = keep_c.split();
+        let (mut stx, mut srx) = keep_s.split();
+        for round in 0..4u64 {
+            for i in 0..32 {
+                ctx.send(pattern(round * 100 + i, 2000)).await.unwrap();
+            }
+            for i in 0..32 {
+                assert!(srx.recv().await.unwrap().unwrap() == pattern(round * 100 + i, 2000));
+            }
+            stx.send(pattern(round, 3000)).await.unwrap();
+            assert!(crx.recv().await.unwrap().unwrap() == pattern(round, 3000));
+        }
+        assert_eq!(rnr_sum(), rnr, "no RNR: {}", rnr_counters());
+        drop((ctx, crx, stx, srx, l));
+        settle_registered(base).await;
+        assert_eq!(
+            rdma_transport::registered_bytes(),
+            base,
+            "everything freed at close"
+        );
+    })
+    .await
+    .expect("timeout");
+}

@@ -27,9 +27,9 @@ use std::sync::OnceLock;
 
 use libloading::Library;
 use rdma_sys::{
-    ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr, ibv_mr, ibv_pd, ibv_qp,
-    ibv_qp_attr, ibv_qp_init_attr, ibv_srq, ibv_srq_init_attr, ibv_wc_status, rdma_cm_event,
-    rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space,
+    ibv_comp_channel, ibv_context, ibv_cq, ibv_device, ibv_device_attr, ibv_gid, ibv_mr, ibv_pd,
+    ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_srq, ibv_srq_init_attr, ibv_wc_status,
+    rdma_cm_event, rdma_cm_id, rdma_conn_param, rdma_event_channel, rdma_port_space,
 };
 
 use crate::error::Error;
@@ -182,6 +182,12 @@ library! {
         fn ibv_create_srq(pd: *mut ibv_pd, srq_init_attr: *mut ibv_srq_init_attr) -> *mut ibv_srq;
         "int ibv_destroy_srq(struct ibv_srq *srq);"
         fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int;
+        "struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *qp_init_attr);"
+        fn ibv_create_qp(pd: *mut ibv_pd, qp_init_attr: *mut ibv_qp_init_attr) -> *mut ibv_qp;
+        "int ibv_destroy_qp(struct ibv_qp *qp);"
+        fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int;
+        "int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid);"
+        fn ibv_query_gid(context: *mut ibv_context, port_num: u8, index: c_int, gid: *mut ibv_gid) -> c_int;
     }
 }
 
