@@ -107,23 +107,32 @@ pub(crate) struct Resources {
 /// device has no memory windows, or its pool could not be created.
 static DEVICE_POOLS: Mutex<Vec<(usize, Option<Weak<DevicePool>>)>> = Mutex::new(Vec::new());
 
+/// The entry for `id`'s device in a per-device list (added, as "not created
+/// yet", if missing): `None` means the device cannot have one.
+fn device_entry<'a, T>(
+    list: &'a mut Vec<(usize, Option<Weak<T>>)>,
+    id: &CmId,
+) -> &'a mut Option<Weak<T>> {
+    let ctx = id.verbs() as usize;
+    let i = match list.iter().position(|(c, _)| *c == ctx) {
+        Some(i) => i,
+        None => {
+            list.push((ctx, Some(Weak::new())));
+            list.len() - 1
+        }
+    };
+    &mut list[i].1
+}
+
 /// The pool of `id`'s device, created if needed; `None` where connections
 /// keep a PD of their own (`cfg`, iWARP, a device without windows).
 fn device_pool(id: &Arc<CmId>, cfg: &Config) -> Option<Arc<DevicePool>> {
     if !cfg.device_pool || !cfg.memory_on_demand || id.is_iwarp() {
         return None;
     }
-    let ctx = id.verbs() as usize;
     let mut pools = DEVICE_POOLS.lock().unwrap_or_else(|p| p.into_inner());
-    let entry = match pools.iter().position(|(c, _)| *c == ctx) {
-        Some(i) => &mut pools[i].1,
-        None => {
-            pools.push((ctx, Some(Weak::new())));
-            &mut pools.last_mut().expect("pushed").1
-        }
-    };
-    let weak = entry.as_ref()?;
-    if let Some(p) = weak.upgrade() {
+    let entry = device_entry(&mut pools, id);
+    if let Some(p) = entry.as_ref()?.upgrade() {
         return Some(p);
     }
     if !crate::verbs::window_support(id) {
@@ -169,17 +178,9 @@ impl SharedPools {
         if !cfg.shared_receive_queue {
             return None;
         }
-        let ctx = id.verbs() as usize;
         let mut pools = self.pools.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = match pools.iter().position(|(c, _)| *c == ctx) {
-            Some(i) => &mut pools[i].1,
-            None => {
-                pools.push((ctx, Some(Weak::new())));
-                &mut pools.last_mut().expect("pushed").1
-            }
-        };
-        let weak = entry.as_ref()?;
-        if let Some(p) = weak.upgrade() {
+        let entry = device_entry(&mut pools, id);
+        if let Some(p) = entry.as_ref()?.upgrade() {
             return Some(p);
         }
         let Some(max_wr) = crate::verbs::shared_receive_support(id) else {
