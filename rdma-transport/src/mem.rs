@@ -324,7 +324,7 @@ impl<B> BlockCache<B> {
 /// regions are registered; a block a connection lets go (an idle release,
 /// a close) is kept for the next one that needs a block of its size,
 /// instead of being deregistered and registered again. Idle blocks are
-/// bounded (`Config::pool_idle_max_bytes`) and deregistered once idle for a
+/// bounded (`Config::device_pool_idle_bytes`) and deregistered once idle for a
 /// whole `memory_idle_release` period, so the pool grows with traffic and
 /// shrinks when idle; it goes with the last connection on the device.
 ///
@@ -507,34 +507,27 @@ pub(crate) struct PoolSizes {
 }
 
 /// Where a connection's blocks come from and go back to: its own PD, or its
-/// device's process-wide pool.
-#[derive(Clone, Copy)]
-struct Reg<'a> {
-    pd: &'a Arc<Pd>,
-    dev: Option<&'a Arc<DevicePool>>,
+/// device's process-wide pool (whose PD `pd` then is; rendezvous regions
+/// are then behind windows, §4.7).
+struct BlockSource {
+    pd: Arc<Pd>,
+    dev: Option<Arc<DevicePool>>,
+    /// `Config::global_max_registered_bytes`.
     limit: usize,
 }
 
-impl<'a> Reg<'a> {
-    fn of(pd: &'a Arc<Pd>, dev: &'a Option<Arc<DevicePool>>, limit: usize) -> Self {
-        Reg {
-            pd,
-            dev: dev.as_ref(),
-            limit,
-        }
-    }
-
-    fn take(self, len: usize, how: Access) -> Result<RegisteredBuf, Error> {
-        match self.dev {
+impl BlockSource {
+    fn take(&self, len: usize, how: Access) -> Result<RegisteredBuf, Error> {
+        match &self.dev {
             Some(d) => d.take(len, how),
-            None => RegisteredBuf::new(self.pd, len, how, self.limit),
+            None => RegisteredBuf::new(&self.pd, len, how, self.limit),
         }
     }
 
     /// Gives back a block no posted work request and no peer can reach any
     /// more: to the pool, or deregistered.
-    fn put(self, b: RegisteredBuf) {
-        if let Some(d) = self.dev {
+    fn put(&self, b: RegisteredBuf) {
+        if let Some(d) = &self.dev {
             d.put(b);
         }
     }
@@ -561,7 +554,7 @@ impl SlotPool {
 
     /// Registers (or takes from the pool) every segment that holds one of
     /// slots `0..n`.
-    fn ensure(&mut self, reg: Reg<'_>, n: usize) -> Result<(), Error> {
+    fn ensure(&mut self, reg: &BlockSource, n: usize) -> Result<(), Error> {
         let n = n.min(self.slots);
         for k in 0..n.div_ceil(self.seg_slots) {
             if self.segs[k].is_none() {
@@ -574,7 +567,7 @@ impl SlotPool {
 
     /// Gives back every segment whose slots are all at or above `n` (the
     /// caller guarantees none of them is posted).
-    fn trim(&mut self, reg: Reg<'_>, n: usize) {
+    fn trim(&mut self, reg: &BlockSource, n: usize) {
         for k in n.div_ceil(self.seg_slots)..self.segs.len() {
             if let Some(b) = self.segs[k].take() {
                 reg.put(b);
@@ -765,9 +758,8 @@ impl<C> PoolState<C> {
     fn give_back(&mut self, bufs: &[u32]) {
         self.post.clear();
         for &b in bufs {
-            let k = b as usize / CHUNK_BUFFERS;
-            if self.chunks.get(k).is_none_or(Option::is_none) {
-                continue; // not one of ours: never posted again
+            if !self.ours(b) {
+                continue; // never posted again
             }
             if std::mem::take(&mut self.is_held[b as usize]) {
                 self.held -= 1;
@@ -779,6 +771,13 @@ impl<C> PoolState<C> {
                 self.post.push(b);
             }
         }
+    }
+
+    /// Whether `b` is a buffer of a registered chunk of this pool.
+    fn ours(&self, b: u32) -> bool {
+        self.chunks
+            .get(b as usize / CHUNK_BUFFERS)
+            .is_some_and(Option::is_some)
     }
 
     /// `b` (neither posted nor held any more) joins the idle buffers; a
@@ -799,8 +798,7 @@ impl<C> PoolState<C> {
     /// A receive completion handed buffer `b` to a connection; whether it
     /// is one of ours.
     fn hold(&mut self, b: u32) -> bool {
-        let k = b as usize / CHUNK_BUFFERS;
-        if self.chunks.get(k).is_none_or(Option::is_none) || self.is_held[b as usize] {
+        if !self.ours(b) || self.is_held[b as usize] {
             return false;
         }
         self.is_held[b as usize] = true;
@@ -827,11 +825,9 @@ impl<C> PoolState<C> {
     /// A drain consumed posted buffer `b` (its receive completed, or was
     /// flushed, on the drain's own QP): idle now.
     fn drained(&mut self, b: u32) {
-        let k = b as usize / CHUNK_BUFFERS;
-        if self.chunks.get(k).is_none_or(Option::is_none) {
-            return;
+        if self.ours(b) {
+            self.make_idle(b);
         }
-        self.make_idle(b);
     }
 
     /// A drain that stopped with `k` of its buffers not consumed: they are
@@ -1157,11 +1153,7 @@ pub(crate) struct ConnMemory {
     rdv: Option<RegisteredBuf>,
     staging: Option<RegisteredBuf>,
     sz: PoolSizes,
-    pd: Arc<Pd>,
-    /// The device's process-wide pool, whose PD `pd` is (rendezvous regions
-    /// then behind windows, §4.7); `None`: a PD of the connection's own.
-    dev: Option<Arc<DevicePool>>,
-    global_limit: usize,
+    src: BlockSource,
     /// Scratch lists of [`execute`](Self::execute), kept so that posting
     /// allocates nothing in steady state.
     recvs: Vec<(u64, u64, u32, u32)>,
@@ -1191,20 +1183,21 @@ impl ConnMemory {
             rdv: None,
             staging: None,
             sz,
-            pd: pd.clone(),
-            dev,
-            global_limit,
+            src: BlockSource {
+                pd: pd.clone(),
+                dev,
+                limit: global_limit,
+            },
             recvs: Vec::new(),
             sends: Vec::new(),
         };
-        debug_assert!(m.dev.as_ref().is_none_or(|d| Arc::ptr_eq(d.pd(), pd)));
+        debug_assert!(m.src.dev.as_ref().is_none_or(|d| Arc::ptr_eq(d.pd(), pd)));
         assert!(
-            !(static_rdv && m.dev.is_some()),
+            !(static_rdv && m.src.dev.is_some()),
             "no static region in a shared PD"
         );
-        let reg = Reg::of(&m.pd, &m.dev, global_limit);
-        m.recv.ensure(reg, recv)?;
-        m.send.ensure(reg, send)?;
+        m.recv.ensure(&m.src, recv)?;
+        m.send.ensure(&m.src, send)?;
         if static_rdv {
             m.rdv = Some(m.register_rdv()?);
         }
@@ -1255,7 +1248,7 @@ impl ConnMemory {
     }
 
     pub(crate) fn pd(&self) -> &Arc<Pd> {
-        &self.pd
+        &self.src.pd
     }
 
     /// Whether the receive buffers come from a shared receive queue.
@@ -1326,9 +1319,9 @@ impl ConnMemory {
     }
 
     fn register_rdv(&self) -> Result<RegisteredBuf, Error> {
-        Reg::of(&self.pd, &self.dev, self.global_limit).take(
+        self.src.take(
             self.sz.rdv_count * self.sz.rdv_bytes,
-            if self.dev.is_some() {
+            if self.src.dev.is_some() {
                 Access::Window
             } else {
                 Access::RemoteWrite
@@ -1480,11 +1473,10 @@ impl Drop for ConnMemory {
         self.qp = None;
         // No work request can reach a block now, nor a peer (the window is
         // gone): the device pool takes them back.
-        let reg = Reg::of(&self.pd, &self.dev, self.global_limit);
-        self.recv.trim(reg, 0);
-        self.send.trim(reg, 0);
+        self.recv.trim(&self.src, 0);
+        self.send.trim(&self.src, 0);
         for b in [self.rdv.take(), self.staging.take()].into_iter().flatten() {
-            reg.put(b);
+            self.src.put(b);
         }
         if let Some(sh) = self.shared.as_mut() {
             // The buffer a QP took from the SRQ comes back as a flushed
@@ -1545,7 +1537,7 @@ impl Buffers for ConnMemory {
     fn open_rdv(&mut self) -> Result<(u64, u32), String> {
         debug_assert!(self.rdv.is_none());
         let r = self.register_rdv().map_err(|e| e.to_string())?;
-        if self.dev.is_none() {
+        if self.src.dev.is_none() {
             let granted = (r.addr(), r.rkey());
             self.rdv = Some(r);
             return Ok(granted);
@@ -1554,10 +1546,10 @@ impl Buffers for ConnMemory {
         // access; a type-2 window bound to this connection's QP does, so
         // its rkey is refused on every other QP.
         let qp = self.qp.as_ref().ok_or("the connection is closed")?;
-        let mw = match Mw::new(&self.pd) {
+        let mw = match Mw::new(&self.src.pd) {
             Ok(mw) => mw,
             Err(e) => {
-                Reg::of(&self.pd, &self.dev, self.global_limit).put(r);
+                self.src.put(r);
                 return Err(e.to_string());
             }
         };
@@ -1580,12 +1572,13 @@ impl Buffers for ConnMemory {
         // and breaks only this connection. A window goes first.
         self.window = None;
         if let Some(r) = self.rdv.take() {
-            Reg::of(&self.pd, &self.dev, self.global_limit).put(r);
+            self.src.put(r);
         }
     }
     fn open_staging(&mut self) -> Result<(), String> {
         if self.staging.is_none() {
-            let st = Reg::of(&self.pd, &self.dev, self.global_limit)
+            let st = self
+                .src
                 .take(self.sz.rdv_count * self.sz.rdv_bytes, Access::Local)
                 .map_err(|e| e.to_string())?;
             self.staging = Some(st);
@@ -1596,17 +1589,16 @@ impl Buffers for ConnMemory {
         // Called only when every staging buffer is free: no posted WRITE
         // reads it.
         if let Some(st) = self.staging.take() {
-            Reg::of(&self.pd, &self.dev, self.global_limit).put(st);
+            self.src.put(st);
         }
     }
     fn grow_send(&mut self, n: u32) -> Result<(), String> {
         self.send
-            .ensure(Reg::of(&self.pd, &self.dev, self.global_limit), n as usize)
+            .ensure(&self.src, n as usize)
             .map_err(|e| e.to_string())
     }
     fn shrink_send(&mut self, n: u32) {
-        self.send
-            .trim(Reg::of(&self.pd, &self.dev, self.global_limit), n as usize);
+        self.send.trim(&self.src, n as usize);
     }
     fn shrink_recv(&mut self, n: u32) {
         // §4.7: the peer released the credits above `n`. Its slots leave
@@ -1645,7 +1637,7 @@ impl Buffers for ConnMemory {
             return Ok(());
         }
         self.recv
-            .ensure(Reg::of(&self.pd, &self.dev, self.global_limit), n as usize)
+            .ensure(&self.src, n as usize)
             .map_err(|e| e.to_string())
     }
 }

@@ -262,22 +262,29 @@ fn chunk(h: &Hello, idx: u32, len: u32, total: u64, last: bool) -> impl FnOnce(&
     }
 }
 
-/// Asks the listener for its rendezvous region (§5.5) and waits for the
-/// grant: (address, rkey).
-async fn grant(p: &mut RawPeer) -> (u64, u32) {
-    let st = p.send_header(Kind::RdvRequest, |_| {}).await.unwrap();
-    assert!(st.ok(), "{st:?}");
+/// The next message of `kind` the raw peer receives (header included),
+/// skipping others (credit returns); `what` names it if none comes in 10 s.
+async fn recv_kind(p: &mut RawPeer, kind: Kind, what: &str) -> Vec<u8> {
     loop {
         let m = p
             .recv(Duration::from_secs(10))
             .await
             .unwrap()
-            .expect("the listener grants its region");
-        let h = Header::decode(&m).unwrap();
-        if h.kind == Kind::RdvGrant {
-            return (h.addr, h.len);
+            .unwrap_or_else(|| panic!("no {what} within 10 s"));
+        if Header::decode(&m).unwrap().kind == kind {
+            return m;
         }
     }
+}
+
+/// Asks the listener for its rendezvous region (§5.5) and waits for the
+/// grant: (address, rkey).
+async fn grant(p: &mut RawPeer) -> (u64, u32) {
+    let st = p.send_header(Kind::RdvRequest, |_| {}).await.unwrap();
+    assert!(st.ok(), "{st:?}");
+    let m = recv_kind(p, Kind::RdvGrant, "grant of the listener's region").await;
+    let h = Header::decode(&m).unwrap();
+    (h.addr, h.len)
 }
 
 async fn within<F: std::future::Future<Output = ()>>(secs: u64, what: &str, f: F) {
@@ -485,17 +492,7 @@ async fn a_recycled_region_holds_nothing_of_its_last_connection() {
             .await
             .unwrap();
         assert!(st.ok(), "{st:?}");
-        let echo = loop {
-            let m = b
-                .recv(Duration::from_secs(10))
-                .await
-                .unwrap()
-                .expect("the echo of B's message");
-            let h = Header::decode(&m).unwrap();
-            if h.kind == Kind::Eager {
-                break m[HDR_LEN..].to_vec();
-            }
-        };
+        let echo = recv_kind(&mut b, Kind::Eager, "echo of B's message").await[HDR_LEN..].to_vec();
         assert_eq!(echo.len(), 4096);
         assert!(
             echo.iter().all(|&x| x == 0),
@@ -895,16 +892,7 @@ async fn rkeys_work_only_on_their_own_live_connection() {
             .unwrap();
         assert!(st.ok(), "{st:?}");
         // The listener returns buffer 0 (a CREDIT message), then echoes.
-        let echo = loop {
-            let m = a
-                .recv(Duration::from_secs(10))
-                .await
-                .unwrap()
-                .expect("A's message echoed back");
-            if Header::decode(&m).unwrap().kind == Kind::Eager {
-                break m;
-            }
-        };
+        let echo = recv_kind(&mut a, Kind::Eager, "echo of A's message").await;
         assert!(
             echo[HDR_LEN..] == msg[..],
             "A's data intact after B's attempt"

@@ -253,6 +253,47 @@ impl Drop for Srq {
     }
 }
 
+/// `ibv_modify_qp`; a failure is an error naming `verb`.
+///
+/// # Safety
+/// `qp` is a live QP, and `a` holds valid values for every field `mask`
+/// selects.
+unsafe fn modify_qp(
+    qp: *mut ibv_qp,
+    a: &mut ibv_qp_attr,
+    mask: ibv_qp_attr_mask,
+    verb: &'static str,
+) -> Result<(), Error> {
+    // SAFETY: the caller's contract (above).
+    let r = unsafe { ibv_modify_qp(qp, a, mask.0 as i32) };
+    if r != 0 {
+        return Err(Error::Verb {
+            verb,
+            errno: Errno(r),
+        });
+    }
+    Ok(())
+}
+
+/// Moves a QP to the error state (its posted work requests are flushed).
+///
+/// # Safety
+/// `qp` is a live QP.
+unsafe fn qp_to_error(qp: *mut ibv_qp) -> Result<(), Error> {
+    // SAFETY: ibv_qp_attr is plain C data; zero is valid.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+    // SAFETY: live QP (the caller's contract); only the state is selected.
+    unsafe {
+        modify_qp(
+            qp,
+            &mut a,
+            ibv_qp_attr_mask::IBV_QP_STATE,
+            "ibv_modify_qp(ERR)",
+        )
+    }
+}
+
 /// An RC queue pair connected to itself that receives from a shared receive
 /// queue: each zero-length SEND it posts consumes one receive posted to the
 /// SRQ, whose completion (wr_id of that receive) comes on [`cq`](Self::cq).
@@ -390,24 +431,15 @@ impl LoopQp {
     }
 
     fn modify(&self, a: &mut ibv_qp_attr, mask: ibv_qp_attr_mask) -> Result<(), Error> {
-        // SAFETY: live QP; `a` is a valid attribute struct for `mask`.
-        let r = unsafe { ibv_modify_qp(self.qp, a, mask.0 as i32) };
-        if r != 0 {
-            return Err(Error::Verb {
-                verb: "ibv_modify_qp",
-                errno: Errno(r),
-            });
-        }
-        Ok(())
+        // SAFETY: live QP (self); `a` is set for `mask` by the caller.
+        unsafe { modify_qp(self.qp, a, mask, "ibv_modify_qp") }
     }
 
     /// Moves the QP to the error state: nothing more is sent, and no more
     /// SRQ receive is consumed.
     pub(crate) fn to_error(&self) -> Result<(), Error> {
-        // SAFETY: ibv_qp_attr is plain C data; zero is valid.
-        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        self.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE)
+        // SAFETY: live QP (self).
+        unsafe { qp_to_error(self.qp) }
     }
 
     /// The CQ of both queues: the SENDs' completions (wr_id `send_wr_id`)
@@ -829,19 +861,8 @@ impl Qp {
     /// Moves the QP to the error state: outstanding work requests are
     /// flushed with IBV_WC_WR_FLUSH_ERR.
     pub(crate) fn to_error(&self) -> Result<(), Error> {
-        // SAFETY: ibv_qp_attr is plain C data; zero is valid.
-        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        // SAFETY: live QP; attr initialised; mask selects only the state.
-        let r =
-            unsafe { ibv_modify_qp(self.qp, &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32) };
-        if r != 0 {
-            return Err(Error::Verb {
-                verb: "ibv_modify_qp(ERR)",
-                errno: Errno(r),
-            });
-        }
-        Ok(())
+        // SAFETY: live QP (self).
+        unsafe { qp_to_error(self.qp) }
     }
 
     /// Posts receives, one `ibv_post_recv` call per batch of up to
