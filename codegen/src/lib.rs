@@ -11,7 +11,34 @@
 //! ```
 //!
 //! then in the crate: `pub mod helloworld { tonic::include_proto!("helloworld"); }`.
-//! The generated code needs `tonic` (feature `codegen`), `tonic-prost` and `prost`.
+//! The generated code needs `tonic` (feature `codegen`), `tonic-prost`, `prost`
+//! and `rpc-core` (for the clients' `connect`, below).
+//!
+//! # Clients connect through rpc-core
+//!
+//! Every generated client gets a `connect(dst)` that goes through rpc-core's
+//! channel, RDMA where there is RDMA and TCP otherwise, exactly as
+//! `rpc_core::Endpoint::connect` chooses:
+//!
+//! ```ignore
+//! // GreeterClient<rpc_core::Channel>
+//! let mut client = GreeterClient::connect("http://10.0.0.2:50051").await?;
+//! ```
+//!
+//! `dst` is anything that converts into an `rpc_core::Endpoint` (`&'static str`,
+//! `String`, `http::Uri`...), and errors are `rpc_core::Error`. Stock
+//! tonic-build (and tonic-prost-build) instead gives
+//! `GreeterClient<tonic::transport::Channel>` a `connect` that compiles and
+//! works but always goes over tonic's own TCP transport, never RDMA: rpc-codegen
+//! turns that one off (tonic-prost-build's `build_transport(false)`) and puts
+//! its own in the same place, inside the generated `greeter_client` module.
+//! `GreeterClient::new(channel)` takes an `rpc_core::Channel` as before, and so
+//! does `with_interceptor`.
+//!
+//! [`compile_with_options`] and [`Options`] name rpc-core by another path (a
+//! renamed dependency, a re-export) or keep tonic's transport `connect` instead.
+//!
+//! # Options
 //!
 //! Options go through tonic-prost-build's [`Builder`](tonic_prost_build::Builder),
 //! re-exported here so no extra build-dependency is needed. A
@@ -34,6 +61,7 @@
 pub use tonic_prost_build;
 
 use miette::Diagnostic;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -46,6 +74,16 @@ pub struct Error {
     pub line_col: Option<(usize, usize)>,
     /// What is wrong.
     pub message: String,
+}
+
+impl Error {
+    fn msg(message: impl Into<String>) -> Error {
+        Error {
+            file: None,
+            line_col: None,
+            message: message.into(),
+        }
+    }
 }
 
 impl fmt::Display for Error {
@@ -83,6 +121,59 @@ impl From<protox::Error> for Error {
     }
 }
 
+/// What rpc-codegen adds to tonic-prost-build's output, for
+/// [`compile_with_options`]. [`Options::default()`] is what [`compile_protos`]
+/// and [`compile_with`] use.
+///
+/// ```no_run
+/// // build.rs of a crate that renamed the dependency: `core_rpc = { package = "rpc-core", .. }`
+/// rpc_codegen::compile_with_options(
+///     rpc_codegen::configure(),
+///     rpc_codegen::Options::default().rpc_core_path("::core_rpc"),
+///     &["proto/helloworld.proto"],
+///     &["proto"],
+/// )
+/// .unwrap();
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// How the generated code names the rpc-core crate: `::rpc_core` by
+    /// default, `::other_name` for a renamed dependency, `crate::path` for a
+    /// re-export. It is used inside the generated client modules, so it must be
+    /// absolute (start with `::` or `crate::`).
+    pub rpc_core_path: String,
+    /// `true` (the default): every generated client gets a `connect(dst)` on
+    /// `Client<rpc_core::Channel>` that connects through rpc-core (RDMA where
+    /// there is RDMA), and tonic's transport `connect` is not generated.
+    /// `false`: the builder's own `build_transport` setting applies (on by
+    /// default: tonic's `connect` on `Client<tonic::transport::Channel>`, which
+    /// always uses tonic's TCP transport, never RDMA).
+    pub rdma_connect: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            rpc_core_path: "::rpc_core".to_string(),
+            rdma_connect: true,
+        }
+    }
+}
+
+impl Options {
+    /// Sets [`rpc_core_path`](Options::rpc_core_path).
+    pub fn rpc_core_path(mut self, path: impl Into<String>) -> Self {
+        self.rpc_core_path = path.into();
+        self
+    }
+
+    /// Sets [`rdma_connect`](Options::rdma_connect).
+    pub fn rdma_connect(mut self, enable: bool) -> Self {
+        self.rdma_connect = enable;
+        self
+    }
+}
+
 /// tonic-prost-build's builder with its defaults (client and server code), for
 /// [`compile_with`].
 pub fn configure() -> tonic_prost_build::Builder {
@@ -91,6 +182,8 @@ pub fn configure() -> tonic_prost_build::Builder {
 
 /// Compiles `protos` (searched in `includes`) into `$OUT_DIR`, client and
 /// server code both, and tells cargo to rerun when any of them changes.
+///
+/// Clients' `connect(dst)` goes through rpc-core ([`Options::default()`]).
 pub fn compile_protos(
     protos: &[impl AsRef<Path>],
     includes: &[impl AsRef<Path>],
@@ -105,19 +198,37 @@ pub fn compile_protos(
 /// The encoded `FileDescriptorSet` (with imports and source info, as `protoc
 /// --include_imports --include_source_info` writes it) goes to the builder's
 /// `file_descriptor_set_path` when one is set.
+///
+/// Clients' `connect(dst)` goes through rpc-core ([`Options::default()`]; the
+/// builder's `build_transport` is overridden).
 pub fn compile_with(
     builder: tonic_prost_build::Builder,
     protos: &[impl AsRef<Path>],
     includes: &[impl AsRef<Path>],
 ) -> Result<(), Error> {
+    compile_with_options(builder, Options::default(), protos, includes)
+}
+
+/// As [`compile_with`], with [`Options`] for what rpc-codegen adds.
+pub fn compile_with_options(
+    builder: tonic_prost_build::Builder,
+    options: Options,
+    protos: &[impl AsRef<Path>],
+    includes: &[impl AsRef<Path>],
+) -> Result<(), Error> {
+    if options.rdma_connect {
+        check_crate_path(&options.rpc_core_path)?;
+    }
+    let settings = BuilderSettings::read(&builder)?;
     // protox::compile keeps imports and source info.
     let fds = protox::compile(protos, includes)?;
-    if let Some(path) = descriptor_set_path(&builder)? {
+    if let Some(path) = &settings.file_descriptor_set_path {
         use prost::Message;
-        std::fs::write(&path, fds.encode_to_vec()).map_err(|e| Error {
-            file: None,
-            line_col: None,
-            message: format!("writing file_descriptor_set_path {}: {e}", path.display()),
+        std::fs::write(path, fds.encode_to_vec()).map_err(|e| {
+            Error::msg(format!(
+                "writing file_descriptor_set_path {}: {e}",
+                path.display()
+            ))
         })?;
     }
     for p in protos {
@@ -126,65 +237,179 @@ pub fn compile_with(
     for i in includes {
         println!("cargo:rerun-if-changed={}", i.as_ref().display());
     }
-    builder.compile_fds(fds).map_err(|e| Error {
-        file: None,
-        line_col: None,
-        message: format!("generating code: {e}"),
-    })
+    let clients = (options.rdma_connect && settings.build_client).then(|| clients_by_file(&fds));
+    let builder = if options.rdma_connect {
+        builder.build_transport(false)
+    } else {
+        builder
+    };
+    builder
+        .compile_fds(fds)
+        .map_err(|e| Error::msg(format!("generating code: {e}")))?;
+
+    let Some(clients) = clients else {
+        return Ok(());
+    };
+    let out_dir = match settings.out_dir {
+        Some(dir) => dir,
+        None => std::env::var_os("OUT_DIR")
+            .map(PathBuf::from)
+            .ok_or_else(|| Error::msg("OUT_DIR is not set and the builder has no out_dir"))?,
+    };
+    for (file, clients) in clients {
+        let path = out_dir.join(&file);
+        let fail = |message: String| Error {
+            file: Some(path.display().to_string()),
+            line_col: None,
+            message,
+        };
+        let code = std::fs::read_to_string(&path)
+            .map_err(|e| fail(format!("reading generated code: {e}")))?;
+        let with_connect = add_connects(&code, &clients, &options.rpc_core_path).map_err(|m| {
+            fail(format!(
+                "{m} (Options::rdma_connect(false) keeps tonic-build's own connect instead)"
+            ))
+        })?;
+        if with_connect != code {
+            std::fs::write(&path, with_connect)
+                .map_err(|e| fail(format!("writing generated code: {e}")))?;
+        }
+    }
+    Ok(())
 }
 
-/// The `file_descriptor_set_path` set on `builder`, if any.
-///
-/// tonic-prost-build writes that file only when it runs `protoc` itself (its
-/// `compile_fds` does not), and the field is private: it is read from the
-/// builder's `Debug` form, whose `Option<PathBuf>` is printed as a Rust string
-/// literal. A form that cannot be read is an error, never a silently missing
-/// file (`tests::descriptor_set_path_is_honoured` guards the format).
-fn descriptor_set_path(builder: &tonic_prost_build::Builder) -> Result<Option<PathBuf>, Error> {
-    let dbg = format!("{builder:?}");
-    let fail = |what: &str| Error {
-        file: None,
-        line_col: None,
-        message: format!(
-            "cannot read file_descriptor_set_path from tonic-prost-build's Builder: {what}"
-        ),
+/// A crate path usable from inside a generated module: `::name(::seg)*` or
+/// `crate(::seg)*`.
+fn check_crate_path(path: &str) -> Result<(), Error> {
+    let bad = |why: &str| {
+        Err(Error::msg(format!(
+            "Options::rpc_core_path {path:?}: {why} (e.g. \"::rpc_core\")"
+        )))
     };
-    let Some(at) = dbg.find("file_descriptor_set_path: ") else {
-        return Err(fail("field not found"));
+    let segments: Vec<&str> = match path.strip_prefix("::") {
+        Some(rest) => rest.split("::").collect(),
+        None if path == "crate" || path.starts_with("crate::") => path.split("::").collect(),
+        None => return bad("must start with `::` or `crate::`"),
     };
-    let rest = &dbg[at + "file_descriptor_set_path: ".len()..];
-    if rest.starts_with("None") {
-        return Ok(None);
+    let ident = |s: &str| {
+        let s = s.strip_prefix("r#").unwrap_or(s);
+        let mut chars = s.chars();
+        matches!(chars.next(), Some(c) if c.is_alphabetic() || c == '_')
+            && chars.all(|c| c.is_alphanumeric() || c == '_')
+            && s != "_"
+    };
+    if segments.iter().all(|s| ident(s)) {
+        Ok(())
+    } else {
+        bad("not a Rust path")
     }
-    let lit = rest
-        .strip_prefix("Some(\"")
-        .ok_or_else(|| fail("unexpected form"))?;
-    parse_debug_str(lit)
-        .map(|s| Some(PathBuf::from(s)))
-        .ok_or_else(|| fail("unterminated or unknown escape"))
+}
+
+/// The settings of a tonic-prost-build builder that rpc-codegen needs.
+#[derive(Debug, PartialEq, Eq)]
+struct BuilderSettings {
+    build_client: bool,
+    file_descriptor_set_path: Option<PathBuf>,
+    out_dir: Option<PathBuf>,
+}
+
+impl BuilderSettings {
+    /// Reads them from `builder`.
+    ///
+    /// The fields are private: they are read from the builder's `Debug` form,
+    /// whose fields come in declaration order (`build_client`, `build_server`,
+    /// `build_transport`, `file_descriptor_set_path`, `skip_protoc_run`,
+    /// `out_dir`, ...) and whose `Option<PathBuf>`s are printed as Rust string
+    /// literals. Fields are read in that order, each string consumed whole, so
+    /// a path cannot pass for a field name. A form that cannot be read is an
+    /// error, never a silently missing file (the tests guard the format).
+    ///
+    /// tonic-prost-build writes `file_descriptor_set_path` only when it runs
+    /// `protoc` itself (its `compile_fds` does not), so rpc-codegen writes it.
+    fn read(builder: &tonic_prost_build::Builder) -> Result<BuilderSettings, Error> {
+        let dbg = format!("{builder:?}");
+        let mut fields = DebugFields { rest: &dbg };
+        let settings = (|| {
+            Ok(BuilderSettings {
+                build_client: fields.bool("build_client")?,
+                file_descriptor_set_path: fields.path("file_descriptor_set_path")?,
+                out_dir: fields.path("out_dir")?,
+            })
+        })();
+        settings.map_err(|what: String| {
+            Error::msg(format!(
+                "cannot read the settings of tonic-prost-build's Builder: {what}"
+            ))
+        })
+    }
+}
+
+/// A cursor over a `#[derive(Debug)]` struct's printed fields.
+struct DebugFields<'a> {
+    rest: &'a str,
+}
+
+impl<'a> DebugFields<'a> {
+    /// Moves past `name: ` and returns what follows.
+    fn value(&mut self, name: &str) -> Result<&'a str, String> {
+        let key = format!("{name}: ");
+        let at = self
+            .rest
+            .find(&key)
+            .ok_or_else(|| format!("field {name} not found"))?;
+        self.rest = &self.rest[at + key.len()..];
+        Ok(self.rest)
+    }
+
+    fn bool(&mut self, name: &str) -> Result<bool, String> {
+        let v = self.value(name)?;
+        for (text, b) in [("true", true), ("false", false)] {
+            if let Some(rest) = v.strip_prefix(text) {
+                self.rest = rest;
+                return Ok(b);
+            }
+        }
+        Err(format!("field {name}: unexpected form"))
+    }
+
+    fn path(&mut self, name: &str) -> Result<Option<PathBuf>, String> {
+        let v = self.value(name)?;
+        if let Some(rest) = v.strip_prefix("None") {
+            self.rest = rest;
+            return Ok(None);
+        }
+        let lit = v
+            .strip_prefix("Some(\"")
+            .ok_or_else(|| format!("field {name}: unexpected form"))?;
+        let (s, used) = parse_debug_str(lit)
+            .ok_or_else(|| format!("field {name}: unterminated string or unknown escape"))?;
+        self.rest = &lit[used..];
+        Ok(Some(PathBuf::from(s)))
+    }
 }
 
 /// Reads a string printed by `{:?}` (after its opening quote) up to its
-/// closing quote, undoing the escapes `str::escape_debug` produces.
-fn parse_debug_str(s: &str) -> Option<String> {
+/// closing quote, undoing the escapes `str::escape_debug` produces. Returns the
+/// string and the bytes read, closing quote included.
+fn parse_debug_str(s: &str) -> Option<(String, usize)> {
     let mut out = String::new();
-    let mut chars = s.chars();
+    let mut chars = s.char_indices();
     loop {
         match chars.next()? {
-            '"' => return Some(out),
-            '\\' => match chars.next()? {
+            (i, '"') => return Some((out, i + 1)),
+            (_, '\\') => match chars.next()?.1 {
                 'n' => out.push('\n'),
                 'r' => out.push('\r'),
                 't' => out.push('\t'),
                 '0' => out.push('\0'),
                 c @ ('\\' | '"' | '\'') => out.push(c),
                 'u' => {
-                    if chars.next()? != '{' {
+                    if chars.next()?.1 != '{' {
                         return None;
                     }
                     let mut hex = String::new();
                     loop {
-                        match chars.next()? {
+                        match chars.next()?.1 {
                             '}' => break,
                             c => hex.push(c),
                         }
@@ -194,9 +419,274 @@ fn parse_debug_str(s: &str) -> Option<String> {
                 // `\xNN`: a byte that is not UTF-8 (OsStr); such paths are not supported.
                 _ => return None,
             },
-            c => out.push(c),
+            (_, c) => out.push(c),
         }
     }
+}
+
+/// The names tonic-prost-build gives a service's client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ClientNames {
+    /// `helloworld.Greeter`, for messages.
+    proto: String,
+    /// `greeter_client`
+    module: String,
+    /// `GreeterClient`
+    client: String,
+}
+
+/// The clients tonic-prost-build generates for `fds`, by generated file name
+/// (prost-build writes one `<package>.rs` per package, `_.rs` without one).
+fn clients_by_file(fds: &prost_types::FileDescriptorSet) -> BTreeMap<String, Vec<ClientNames>> {
+    let mut files: BTreeMap<String, Vec<ClientNames>> = BTreeMap::new();
+    for file in &fds.file {
+        if file.service.is_empty() {
+            continue;
+        }
+        let package = file.package();
+        let clients = files.entry(package_file_name(package)).or_default();
+        for service in &file.service {
+            // prost-build's `Service::name`, then tonic-build's names from it.
+            let name = to_upper_camel(service.name());
+            clients.push(ClientNames {
+                proto: if package.is_empty() {
+                    service.name().to_string()
+                } else {
+                    format!("{package}.{}", service.name())
+                },
+                module: format!("{}_client", naive_snake_case(&name)),
+                client: format!("{name}Client"),
+            });
+        }
+    }
+    files
+}
+
+/// prost-build's file name for a package (`Module::to_file_name_or("_")`).
+fn package_file_name(package: &str) -> String {
+    let parts: Vec<String> = package
+        .split('.')
+        .filter(|s| !s.is_empty())
+        .map(to_snake)
+        .collect();
+    if parts.is_empty() {
+        "_.rs".to_string()
+    } else {
+        format!("{}.rs", parts.join("."))
+    }
+}
+
+/// Adds, inside each client's module in `code` (one generated file), a
+/// `connect(dst)` on `Client<{core}::Channel>`, where tonic-build puts its
+/// transport `connect`. `#[cfg(..)]` attributes on the client struct are
+/// copied onto the impl (those on the module hold for it already).
+///
+/// `code` is prettyplease's output: a module at the file's top level opens
+/// with the line `pub mod name {` and ends at the next line that is `}`, its
+/// items are indented by 4 spaces.
+fn add_connects(code: &str, clients: &[ClientNames], core: &str) -> Result<String, String> {
+    let mut code = code.to_string();
+    for c in clients {
+        let (at, imp) = {
+            let lines = lines_at(&code);
+            let open = format!("pub mod {} {{", c.module);
+            let not_found = |what: &str| {
+                format!(
+                    "cannot find {what} of service {}'s generated client",
+                    c.proto
+                )
+            };
+            let start = lines
+                .iter()
+                .position(|(_, l)| *l == open)
+                .ok_or_else(|| not_found(&format!("`{open}`")))?;
+            let end = lines[start + 1..]
+                .iter()
+                .position(|(_, l)| *l == "}")
+                .map(|i| start + 1 + i)
+                .ok_or_else(|| not_found("the end of the module"))?;
+            let body: Vec<&str> = lines[start + 1..end].iter().map(|(_, l)| *l).collect();
+            let decl = format!("    pub struct {}<T> {{", c.client);
+            let decl_at = body
+                .iter()
+                .position(|l| *l == decl)
+                .ok_or_else(|| not_found(&format!("`{}`", decl.trim())))?;
+            let head = format!("impl {}<{core}::Channel> {{", c.client);
+            if body.iter().any(|l| l.trim() == head) {
+                continue;
+            }
+            let mut cfgs: Vec<&str> = body[..decl_at]
+                .iter()
+                .rev()
+                .take_while(|l| l.starts_with("    #[") || l.starts_with("    ///"))
+                .filter(|l| l.starts_with("    #[cfg("))
+                .copied()
+                .collect();
+            cfgs.reverse();
+            (lines[end].0, connect_impl(&c.client, core, &cfgs))
+        };
+        code.insert_str(at, &imp);
+    }
+    Ok(code)
+}
+
+/// `s`'s lines (without line ending), each with its byte offset.
+fn lines_at(s: &str) -> Vec<(usize, &str)> {
+    let mut at = 0;
+    s.split_inclusive('\n')
+        .map(|l| {
+            let line = (at, l.trim_end_matches(['\n', '\r']));
+            at += l.len();
+            line
+        })
+        .collect()
+}
+
+/// The generated `connect`: tonic-build's transport `connect`, with rpc-core's
+/// types, indented as an item of the client module.
+fn connect_impl(client: &str, core: &str, cfgs: &[&str]) -> String {
+    let shown = core.trim_start_matches("::");
+    let mut s = String::new();
+    for cfg in cfgs {
+        s.push_str(cfg);
+        s.push('\n');
+    }
+    s.push_str(&format!(
+        r#"    impl {client}<{core}::Channel> {{
+        /// Connects through rpc-core's channel: RDMA where there is RDMA, TCP
+        /// otherwise (as `{shown}::Endpoint::connect`).
+        pub async fn connect<D>(dst: D) -> ::core::result::Result<Self, {core}::Error>
+        where
+            D: ::core::convert::TryInto<{core}::Endpoint>,
+            D::Error: ::core::convert::Into<
+                ::std::boxed::Box<
+                    dyn ::std::error::Error + ::core::marker::Send + ::core::marker::Sync + 'static,
+                >,
+            >,
+        {{
+            let conn = {core}::Endpoint::new(dst)?.connect().await?;
+            ::core::result::Result::Ok(Self::new(conn))
+        }}
+    }}
+"#
+    ));
+    s
+}
+
+// prost-build's identifier conversions (its `ident` module, over heck 0.5),
+// which name the generated files and types.
+
+/// prost-build's `to_upper_camel`.
+fn to_upper_camel(s: &str) -> String {
+    let camel: String = heck_words(s).into_iter().map(capitalize).collect();
+    sanitize_identifier(camel)
+}
+
+/// prost-build's `to_snake`.
+fn to_snake(s: &str) -> String {
+    let words: Vec<String> = heck_words(s).into_iter().map(lowercase).collect();
+    sanitize_identifier(words.join("_"))
+}
+
+/// prost-build's `sanitize_identifier`: keywords become raw identifiers (or
+/// get a `_` suffix when they cannot be raw), leading digits a `_` prefix.
+fn sanitize_identifier(ident: String) -> String {
+    match ident.as_str() {
+        "as" | "break" | "const" | "continue" | "else" | "enum" | "false" | "fn" | "for" | "if"
+        | "impl" | "in" | "let" | "loop" | "match" | "mod" | "move" | "mut" | "pub" | "ref"
+        | "return" | "static" | "struct" | "trait" | "true" | "type" | "unsafe" | "use"
+        | "where" | "while" | "dyn" | "abstract" | "become" | "box" | "do" | "final" | "macro"
+        | "override" | "priv" | "typeof" | "unsized" | "virtual" | "yield" | "async" | "await"
+        | "try" | "gen" => format!("r#{ident}"),
+        "_" | "super" | "self" | "Self" | "extern" | "crate" => format!("{ident}_"),
+        s if s.starts_with(|c: char| c.is_numeric()) => format!("_{ident}"),
+        _ => ident,
+    }
+}
+
+/// heck's word split: on non-alphanumeric characters, before an uppercase
+/// letter that follows a lowercase one, and before the last of a run of
+/// uppercase letters followed by a lowercase one (`HTTPServer`: `HTTP`, `Server`).
+fn heck_words(s: &str) -> Vec<&str> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mode {
+        Boundary,
+        Lowercase,
+        Uppercase,
+    }
+    let mut words = Vec::new();
+    for word in s.split(|c: char| !c.is_alphanumeric()) {
+        let mut chars = word.char_indices().peekable();
+        let mut init = 0;
+        let mut mode = Mode::Boundary;
+        while let Some((i, c)) = chars.next() {
+            let Some(&(next_i, next)) = chars.peek() else {
+                words.push(&word[init..]);
+                break;
+            };
+            let next_mode = if c.is_lowercase() {
+                Mode::Lowercase
+            } else if c.is_uppercase() {
+                Mode::Uppercase
+            } else {
+                mode
+            };
+            if next_mode == Mode::Lowercase && next.is_uppercase() {
+                words.push(&word[init..next_i]);
+                init = next_i;
+                mode = Mode::Boundary;
+            } else if mode == Mode::Uppercase && c.is_uppercase() && next.is_lowercase() {
+                words.push(&word[init..i]);
+                init = i;
+                mode = Mode::Boundary;
+            } else {
+                mode = next_mode;
+            }
+        }
+    }
+    words
+}
+
+/// heck's `lowercase` (a final `Σ` becomes `ς`).
+fn lowercase(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == 'Σ' && chars.peek().is_none() {
+            out.push('ς');
+        } else {
+            out.extend(c.to_lowercase());
+        }
+    }
+    out
+}
+
+/// heck's `capitalize`.
+fn capitalize(s: &str) -> String {
+    let mut chars = s.char_indices();
+    let mut out = String::new();
+    if let Some((_, c)) = chars.next() {
+        out.extend(c.to_uppercase());
+        if let Some((i, _)) = chars.next() {
+            out.push_str(&lowercase(&s[i..]));
+        }
+    }
+    out
+}
+
+/// tonic-build's `naive_snake_case`, which names the client module.
+fn naive_snake_case(name: &str) -> String {
+    let mut s = String::new();
+    let mut it = name.chars().peekable();
+    while let Some(x) = it.next() {
+        s.push(x.to_ascii_lowercase());
+        if let Some(y) = it.peek() {
+            if y.is_uppercase() {
+                s.push('_');
+            }
+        }
+    }
+    s
 }
 
 /// Parses and checks `protos` without generating code (for tests and tools).
@@ -217,10 +707,38 @@ pub fn check(
 mod tests {
     use super::*;
 
+    /// A fresh directory for one test.
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("rpc-codegen-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn proto_root() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto")
+    }
+
+    /// Compiles the workspace's protos into a fresh directory and returns it.
+    fn generate(
+        name: &str,
+        builder: tonic_prost_build::Builder,
+        options: Options,
+    ) -> Result<PathBuf, Error> {
+        let dir = temp_dir(name);
+        let root = proto_root();
+        let protos = ["helloworld.proto", "routeguide.proto", "echo.proto"].map(|p| root.join(p));
+        compile_with_options(builder.out_dir(&dir), options, &protos, &[&root])?;
+        Ok(dir)
+    }
+
+    fn read(dir: &Path, file: &str) -> String {
+        std::fs::read_to_string(dir.join(file)).unwrap()
+    }
+
     #[test]
     fn bad_proto_names_file_and_line() {
-        let dir = std::env::temp_dir().join(format!("rpc-codegen-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp_dir("bad");
         std::fs::write(
             dir.join("bad.proto"),
             "syntax = \"proto3\";\npackage bad;\n\nmessage M {\n  strin name = 1;\n}\n",
@@ -236,33 +754,51 @@ mod tests {
     #[test]
     fn debug_strings_round_trip() {
         for s in ["/tmp/a b/x.bin", "q\"uo\\te", "tab\tnl\n", "é✓\u{7}", ""] {
-            let printed = format!("{s:?}");
-            assert_eq!(
-                parse_debug_str(&printed[1..]).as_deref(),
-                Some(s),
-                "{printed}"
-            );
+            let printed = format!("{s:?} rest");
+            let (parsed, used) = parse_debug_str(&printed[1..]).unwrap();
+            assert_eq!(parsed, s, "{printed}");
+            assert_eq!(&printed[1 + used..], " rest", "{printed}");
         }
         assert_eq!(parse_debug_str("no end"), None);
     }
 
     #[test]
+    fn builder_settings_are_read() {
+        assert_eq!(
+            BuilderSettings::read(&configure()).unwrap(),
+            BuilderSettings {
+                build_client: true,
+                file_descriptor_set_path: None,
+                out_dir: None,
+            }
+        );
+        // A path that looks like the next field does not pass for it.
+        let tricky = PathBuf::from("/tmp/x, skip_protoc_run: false, out_dir: Some(\"/y\")");
+        let builder = configure()
+            .build_client(false)
+            .file_descriptor_set_path(&tricky)
+            .out_dir("/z \"q\"");
+        assert_eq!(
+            BuilderSettings::read(&builder).unwrap(),
+            BuilderSettings {
+                build_client: false,
+                file_descriptor_set_path: Some(tricky),
+                out_dir: Some(PathBuf::from("/z \"q\"")),
+            }
+        );
+    }
+
+    #[test]
     fn descriptor_set_path_is_honoured() {
         use prost::Message;
-        let dir = std::env::temp_dir().join(format!("rpc-codegen-fds-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp_dir("fds");
         let fds_path = dir.join("a \"dir\"/descriptor.bin");
         std::fs::create_dir_all(fds_path.parent().unwrap()).unwrap();
-        assert_eq!(descriptor_set_path(&configure()).unwrap(), None);
         let builder = configure()
             .out_dir(&dir)
             .file_descriptor_set_path(&fds_path);
-        assert_eq!(
-            descriptor_set_path(&builder).unwrap(),
-            Some(fds_path.clone())
-        );
 
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
+        let root = proto_root();
         compile_with(builder, &[root.join("helloworld.proto")], &[&root]).unwrap();
         let fds =
             prost_types::FileDescriptorSet::decode(&*std::fs::read(&fds_path).unwrap()).unwrap();
@@ -275,8 +811,259 @@ mod tests {
     }
 
     #[test]
+    fn generated_clients_connect_through_rpc_core() {
+        let dir = generate("connect", configure(), Options::default()).unwrap();
+        for (file, module, client) in [
+            ("helloworld.rs", "greeter_client", "GreeterClient"),
+            ("routeguide.rs", "route_guide_client", "RouteGuideClient"),
+            ("echo.rs", "echo_client", "EchoClient"),
+        ] {
+            let code = read(&dir, file);
+            assert!(!code.contains("tonic::transport"), "{file}:\n{code}");
+            assert_eq!(code.matches("pub async fn connect<D>").count(), 1, "{file}");
+            let imp = format!("    impl {client}<::rpc_core::Channel> {{");
+            let at = code.find(&imp).unwrap_or_else(|| panic!("{file}:\n{code}"));
+            // Inside the client module, after the struct.
+            let module_at = code.find(&format!("\npub mod {module} {{\n")).unwrap();
+            let struct_at = code
+                .find(&format!("    pub struct {client}<T> {{"))
+                .unwrap();
+            let module_end = module_at + code[module_at..].find("\n}\n").unwrap();
+            assert!(
+                module_at < struct_at && struct_at < at && at < module_end,
+                "{file}"
+            );
+            for line in [
+                "pub async fn connect<D>(dst: D) -> ::core::result::Result<Self, ::rpc_core::Error>",
+                "D: ::core::convert::TryInto<::rpc_core::Endpoint>,",
+                "let conn = ::rpc_core::Endpoint::new(dst)?.connect().await?;",
+                "::core::result::Result::Ok(Self::new(conn))",
+            ] {
+                assert!(code[at..module_end].contains(line), "{file}: {line}");
+            }
+        }
+        // The server side is untouched.
+        assert!(read(&dir, "helloworld.rs").contains("pub mod greeter_server {"));
+    }
+
+    #[test]
+    fn generating_twice_adds_connect_once() {
+        let dir = generate("twice", configure(), Options::default()).unwrap();
+        let first = read(&dir, "helloworld.rs");
+        let root = proto_root();
+        compile_with(
+            configure().out_dir(&dir),
+            &[root.join("helloworld.proto")],
+            &[&root],
+        )
+        .unwrap();
+        assert_eq!(read(&dir, "helloworld.rs"), first);
+        let clients = &clients_by_file(&protox::compile(["helloworld.proto"], [&root]).unwrap())
+            ["helloworld.rs"];
+        assert_eq!(
+            add_connects(&first, clients, "::rpc_core").unwrap(),
+            first,
+            "already there"
+        );
+    }
+
+    #[test]
+    fn no_client_no_connect() {
+        let dir = generate(
+            "noclient",
+            configure().build_client(false),
+            Options::default(),
+        )
+        .unwrap();
+        let code = read(&dir, "helloworld.rs");
+        assert!(code.contains("pub mod greeter_server {"), "{code}");
+        assert!(!code.contains("greeter_client"), "{code}");
+        assert!(!code.contains("connect"), "{code}");
+        assert!(!code.contains("rpc_core"), "{code}");
+    }
+
+    #[test]
+    fn rdma_connect_off_keeps_tonic_connect() {
+        let dir = generate(
+            "tonicconnect",
+            configure(),
+            Options::default().rdma_connect(false),
+        )
+        .unwrap();
+        let code = read(&dir, "helloworld.rs");
+        assert!(
+            code.contains("impl GreeterClient<tonic::transport::Channel> {"),
+            "{code}"
+        );
+        assert!(!code.contains("rpc_core"), "{code}");
+    }
+
+    #[test]
+    fn rpc_core_path_is_configurable() {
+        let dir = generate(
+            "renamed",
+            configure(),
+            Options::default().rpc_core_path("::core_rpc"),
+        )
+        .unwrap();
+        let code = read(&dir, "helloworld.rs");
+        assert!(
+            code.contains("impl GreeterClient<::core_rpc::Channel> {"),
+            "{code}"
+        );
+        assert!(code.contains("::core_rpc::Endpoint::new(dst)?"), "{code}");
+        assert!(
+            code.contains("(as `core_rpc::Endpoint::connect`)"),
+            "{code}"
+        );
+        assert!(!code.contains("rpc_core"), "{code}");
+
+        for ok in ["::rpc_core", "crate::rdma::rpc", "crate", "::r#async::x_2"] {
+            check_crate_path(ok).unwrap();
+        }
+        for bad in [
+            "rpc_core",
+            "super::rpc_core",
+            "::",
+            "::a::",
+            "::a b",
+            "::1a",
+            "::_",
+            "",
+        ] {
+            let err = generate(
+                "badpath",
+                configure(),
+                Options::default().rpc_core_path(bad),
+            )
+            .unwrap_err();
+            assert!(err.message.contains("rpc_core_path"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn cfg_on_the_client_struct_holds_for_connect() {
+        let dir = generate(
+            "cfg",
+            configure()
+                .client_attribute("helloworld.Greeter", "#[cfg(feature = \"greeter\")]")
+                .client_mod_attribute("echo", "#[cfg(feature = \"echo\")]"),
+            Options::default(),
+        )
+        .unwrap();
+        let code = read(&dir, "helloworld.rs");
+        assert!(
+            code.contains(
+                "    #[cfg(feature = \"greeter\")]\n    impl GreeterClient<::rpc_core::Channel> {"
+            ),
+            "{code}"
+        );
+        let code = read(&dir, "echo.rs");
+        assert!(
+            code.contains("#[cfg(feature = \"echo\")]\npub mod echo_client {"),
+            "{code}"
+        );
+        assert!(
+            code.contains("    impl EchoClient<::rpc_core::Channel> {"),
+            "{code}"
+        );
+    }
+
+    /// Names that prost-build and tonic-build convert: the generated file and
+    /// client must be where rpc-codegen looks (it fails when they are not).
+    #[test]
+    fn converted_names_are_found() {
+        let dir = temp_dir("names");
+        std::fs::write(
+            dir.join("names.proto"),
+            "syntax = \"proto3\";\npackage My.HTTPPkg_v2.type;\n\
+             message M {}\n\
+             service HTTPService { rpc Get(M) returns (M); }\n\
+             service lower_case_svc { rpc Get(M) returns (M); }\n\
+             service Self { rpc Get(M) returns (M); }\n\
+             service Svc2Go { }\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("nopkg.proto"),
+            "syntax = \"proto3\";\nmessage N {}\nservice Plain { rpc Get(N) returns (N); }\n",
+        )
+        .unwrap();
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        compile_with(
+            configure().out_dir(&out),
+            &[dir.join("names.proto"), dir.join("nopkg.proto")],
+            &[&dir],
+        )
+        .unwrap();
+        let code = read(&out, "my.http_pkg_v2.r#type.rs");
+        for (module, client) in [
+            ("http_service_client", "HttpServiceClient"),
+            ("lower_case_svc_client", "LowerCaseSvcClient"),
+            ("self__client", "Self_Client"),
+            ("svc2_go_client", "Svc2GoClient"),
+        ] {
+            assert!(
+                code.contains(&format!("pub mod {module} {{")),
+                "{module}:\n{code}"
+            );
+            assert!(
+                code.contains(&format!("impl {client}<::rpc_core::Channel> {{")),
+                "{client}:\n{code}"
+            );
+        }
+        assert!(read(&out, "_.rs").contains("impl PlainClient<::rpc_core::Channel> {"));
+    }
+
+    #[test]
+    fn identifier_conversions_match_prost_build() {
+        for (s, camel, snake) in [
+            ("Greeter", "Greeter", "greeter"),
+            ("RouteGuide", "RouteGuide", "route_guide"),
+            ("HTTPServer", "HttpServer", "http_server"),
+            ("route_guide", "RouteGuide", "route_guide"),
+            ("v2Api", "V2Api", "v2_api"),
+            ("ABC", "Abc", "abc"),
+            ("type", "Type", "r#type"),
+            ("self", "Self_", "self_"),
+            ("2fa", "_2fa", "_2fa"),
+            ("ΣΑΣ", "Σας", "σας"),
+        ] {
+            assert_eq!(to_upper_camel(s), camel, "{s}");
+            assert_eq!(to_snake(s), snake, "{s}");
+        }
+        assert_eq!(naive_snake_case("RouteGuide"), "route_guide");
+        assert_eq!(package_file_name(""), "_.rs");
+        assert_eq!(package_file_name("a.B.type"), "a.b.r#type.rs");
+    }
+
+    #[test]
+    fn missing_client_is_an_error() {
+        let c = ClientNames {
+            proto: "x.Greeter".into(),
+            module: "greeter_client".into(),
+            client: "GreeterClient".into(),
+        };
+        let err = add_connects(
+            "pub mod other {\n}\n",
+            std::slice::from_ref(&c),
+            "::rpc_core",
+        )
+        .unwrap_err();
+        assert!(err.contains("x.Greeter"), "{err}");
+        let err = add_connects(
+            "pub mod greeter_client {\n    pub struct Other<T> {\n    }\n}\n",
+            &[c],
+            "::rpc_core",
+        )
+        .unwrap_err();
+        assert!(err.contains("pub struct GreeterClient<T>"), "{err}");
+    }
+
+    #[test]
     fn good_proto_compiles() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proto");
+        let root = proto_root();
         let files = check(&[root.join("helloworld.proto")], &[&root]).unwrap();
         assert_eq!(files, vec![PathBuf::from("helloworld.proto")]);
     }
