@@ -14,15 +14,15 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::config::{Config, PollMode};
 use crate::engine::wire::{
-    Hello, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_REVOCABLE, HELLO_FLAG_WRITE_IMM, VERSION,
+    Hello, Ticket, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_REVOCABLE, HELLO_FLAG_WRITE_IMM, VERSION,
 };
 use crate::engine::{
     Action, Completion, Engine, EngineConfig, EngineCounters, EngineError, Event, WR_RECV,
 };
-use crate::error::{Errno, Error};
+use crate::error::{Errno, Error, PeerMisbehaved};
 use crate::mem::{ConnMemory, DevicePool, PoolSizes, RecvPool, WR_BIND};
 use crate::stats::ConnStats;
-use crate::verbs::cm::{CmEvent, CmId, EventChannel};
+use crate::verbs::cm::{CmEvent, CmId, EventChannel, REJECT_PRIVATE_MAX};
 use crate::verbs::{async_fd, CompChannel, Cq, FdOwner, Pd, Qp, QpCaps, Wc};
 
 /// IBV_WC_WR_FLUSH_ERR
@@ -392,7 +392,24 @@ fn ms(d: Duration) -> i32 {
 
 /// Connects to a [`Listener`] at `addr` (§2.3, active side).
 pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error> {
-    connect_inner(None, addr, cfg).await
+    connect_inner(None, addr, cfg, None).await
+}
+
+/// As [`connect`], presenting `ticket` to the listener (§2.4): it travels
+/// in the connect request's private data, right after the hello. A listener
+/// made by [`Listener::bind_gated`] admits the connection only if its gate
+/// accepts the ticket, and otherwise rejects it before creating anything
+/// for it: then this fails with [`Error::Rejected`] whose `reason` is the
+/// gate's text. A listener without a gate ignores the ticket.
+///
+/// The ticket is sent in clear over the RDMA fabric; it is meant to be
+/// obtained over an authenticated channel and used once.
+pub async fn connect_with_ticket(
+    addr: SocketAddr,
+    cfg: &Config,
+    ticket: Ticket,
+) -> Result<Connection, Error> {
+    connect_inner(None, addr, cfg, Some(ticket)).await
 }
 
 /// As [`connect`], from the local address `local` (`rdma_resolve_addr` with
@@ -403,13 +420,14 @@ pub async fn connect_from(
     addr: SocketAddr,
     cfg: &Config,
 ) -> Result<Connection, Error> {
-    connect_inner(Some(local), addr, cfg).await
+    connect_inner(Some(local), addr, cfg, None).await
 }
 
 async fn connect_inner(
     local: Option<IpAddr>,
     addr: SocketAddr,
     cfg: &Config,
+    ticket: Option<Ticket>,
 ) -> Result<Connection, Error> {
     // iWARP (§9): rdma_connect binds a real TCP port, which can collide with
     // a TCP socket already using the same ephemeral port (EADDRINUSE, seen
@@ -417,7 +435,7 @@ async fn connect_inner(
     // another port.
     let mut collisions = 0;
     let h = loop {
-        match handshake(addr, local, cfg, |_| {}).await {
+        match handshake(addr, local, cfg, ticket, |_| {}).await {
             Err(Error::Verb {
                 verb: "rdma_connect",
                 errno,
@@ -442,6 +460,7 @@ async fn connect_inner(
         cfg.clone(),
         h.peer,
         h.peer_hello,
+        None,
         None,
         true,
     )
@@ -517,12 +536,14 @@ pub(crate) struct Handshake {
     pub(crate) peer_hello: Hello,
 }
 
-/// §2.3 steps 1-4, active side. `edit_hello` may change the hello we send
-/// (only the hostile test peer does, see `crate::testing`).
+/// §2.3 steps 1-4, active side, presenting `ticket` when given (§2.4).
+/// `edit_hello` may change the hello we send (only the hostile test peer
+/// does, see `crate::testing`).
 pub(crate) async fn handshake(
     addr: SocketAddr,
     local: Option<IpAddr>,
     cfg: &Config,
+    ticket: Option<Ticket>,
     edit_hello: impl FnOnce(&mut Hello),
 ) -> Result<Handshake, Error> {
     cfg.validate()?;
@@ -536,11 +557,14 @@ pub(crate) async fn handshake(
     // the whole handshake is bounded by connect_timeout.
     let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
     let id2 = id.clone();
-    let hello = res.hello.encode();
+    let hello = res.hello;
     // The QP and memory travel with the call, so on timeout they are only
     // freed after the blocked rdma_connect returned (never under it).
     let call = tokio::task::spawn_blocking(move || {
-        let r = id2.connect(&hello);
+        let r = match &ticket {
+            Some(t) => id2.connect(&hello.encode_with_ticket(t)),
+            None => id2.connect(&hello.encode()),
+        };
         (r, res)
     });
     let (r, res) = match tokio::time::timeout_at(deadline, call).await {
@@ -572,7 +596,14 @@ pub(crate) async fn handshake(
         .await
         .map_err(|_| Error::Timeout { stage: "connect" })??;
     let peer_hello = match e.kind {
-        ev::RDMA_CM_EVENT_ESTABLISHED => Hello::decode(&e.private_data).map_err(Error::Protocol)?,
+        ev::RDMA_CM_EVENT_ESTABLISHED => match Hello::decode_with_ticket(&e.private_data) {
+            Ok((h, None)) => h,
+            // §2.4: only the connecting side presents a ticket.
+            Ok((_, Some(_))) => {
+                return Err(Error::Protocol(PeerMisbehaved::HelloTicketFromListener))
+            }
+            Err(v) => return Err(Error::Protocol(v)),
+        },
         ev::RDMA_CM_EVENT_REJECTED => {
             let reason = String::from_utf8(e.private_data.clone())
                 .ok()
@@ -606,15 +637,54 @@ pub(crate) async fn handshake(
     })
 }
 
+/// A connect request as a listener's admission gate sees it (§2.4).
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AdmitRequest {
+    /// The requesting side's address, as rdma_cm reports it.
+    pub peer: Option<SocketAddr>,
+    /// The ticket it presented ([`connect_with_ticket`]), if any.
+    pub ticket: Option<Ticket>,
+}
+
+impl AdmitRequest {
+    /// A request from `peer` presenting `ticket` (for testing a gate).
+    pub fn new(peer: Option<SocketAddr>, ticket: Option<Ticket>) -> AdmitRequest {
+        AdmitRequest { peer, ticket }
+    }
+}
+
+impl std::fmt::Debug for AdmitRequest {
+    /// Does not show the ticket's bytes (they may still be valid).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdmitRequest")
+            .field("peer", &self.peer)
+            .field("ticket", &self.ticket.map(|_| "<ticket>"))
+            .finish()
+    }
+}
+
+/// A listener's admission gate ([`Listener::bind_gated`], §2.4): called for
+/// every connect request whose hello is valid, before anything is counted
+/// or created for it. `Ok(())` admits the request; `Err(reason)` rejects
+/// it, and the connecting side's [`Error::Rejected`] carries `reason`
+/// (control characters replaced by spaces, cut to 148 bytes). It runs on
+/// the listening task, which takes every connect request in turn, so it
+/// must not block.
+pub type AdmitGate = Arc<dyn Fn(&AdmitRequest) -> Result<(), String> + Send + Sync>;
+
 /// Accepts RDMA connections (§2.3, passive side).
 ///
 /// A task started by [`Listener::bind`] takes every connect request as it
 /// arrives and runs its handshake (resources, `rdma_accept`, wait for
 /// ESTABLISHED, bounded by `connect_timeout`) as a task of its own, so
 /// handshakes proceed concurrently: a peer that never completes one delays
-/// nobody. Requests beyond `Config::max_pending_handshakes` (overall or per
-/// source address) or `Config::max_connections_per_address` are refused at
-/// once with `rdma_reject` and a log line. Completed connections wait for
+/// nobody. With [`Listener::bind_gated`], a request the gate refuses is
+/// rejected at once, before any limit counts it and before any queue pair
+/// or memory is created for it (§2.4). Requests beyond
+/// `Config::max_pending_handshakes` (overall or per source address) or
+/// `Config::max_connections_per_address` are refused at once with
+/// `rdma_reject` and a log line. Completed connections wait for
 /// [`Listener::accept`] in a queue of `listen_backlog`. Dropping the listener
 /// stops the task and every handshake in progress; their resources are freed
 /// as for any connection (`docs/buffer-ownership.md`, Teardown).
@@ -637,6 +707,8 @@ impl Drop for Listener {
 struct Limits {
     state: Mutex<LimitState>,
     refused: AtomicUsize,
+    /// Requests the admission gate refused (§2.4).
+    unauthenticated: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -726,8 +798,33 @@ impl Drop for Admission {
 
 impl Listener {
     /// Binds and listens on `addr` (use port 0 for an ephemeral port), and
-    /// starts taking connect requests (see the type's docs).
+    /// starts taking connect requests (see the type's docs). Every request
+    /// with a valid hello is admitted (within the limits); a ticket it
+    /// presents is not checked ([`Connection::ticket`] still shows it).
     pub async fn bind(addr: SocketAddr, cfg: Config) -> Result<Listener, Error> {
+        Listener::bind_inner(addr, cfg, None).await
+    }
+
+    /// As [`Listener::bind`], admitting only the connect requests `gate`
+    /// accepts (§2.4): it sees each request's source address and the ticket
+    /// it presented ([`connect_with_ticket`]) right after the hello is
+    /// validated. A refused request is rejected with the gate's reason,
+    /// logged, and counted by [`Listener::refused_unauthenticated`]; no
+    /// queue pair or memory is created for it, no limit counts it, and
+    /// [`Listener::accept`] does not report it.
+    pub async fn bind_gated(
+        addr: SocketAddr,
+        cfg: Config,
+        gate: AdmitGate,
+    ) -> Result<Listener, Error> {
+        Listener::bind_inner(addr, cfg, Some(gate)).await
+    }
+
+    async fn bind_inner(
+        addr: SocketAddr,
+        cfg: Config,
+        gate: Option<AdmitGate>,
+    ) -> Result<Listener, Error> {
         cfg.validate()?;
         let chan = EventChannel::new()?;
         let afd = async_fd(chan.clone())?;
@@ -752,6 +849,7 @@ impl Listener {
                 cfg,
                 local,
                 pools: Arc::default(),
+                gate,
             },
             limits.clone(),
             tx,
@@ -786,6 +884,40 @@ impl Listener {
     pub fn refused(&self) -> usize {
         self.limits.refused.load(Ordering::Relaxed)
     }
+
+    /// Connect requests refused so far by the admission gate
+    /// ([`Listener::bind_gated`]); not counted by [`Listener::refused`].
+    pub fn refused_unauthenticated(&self) -> usize {
+        self.limits.unauthenticated.load(Ordering::Relaxed)
+    }
+}
+
+/// The gate's verdict on `req`; a gate that panics refuses (and the
+/// listener goes on).
+fn run_gate(gate: &AdmitGate, req: &AdmitRequest) -> Result<(), String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gate(req))).unwrap_or_else(|_| {
+        tracing::error!("rdma listener: the admission gate panicked; request refused");
+        Err("unauthenticated: admission check failed".to_string())
+    })
+}
+
+/// A gate's reason as reject private data (§2.4): control characters
+/// replaced by spaces (the connecting side drops a reason holding any), at
+/// most [`REJECT_PRIVATE_MAX`] bytes, cut at a character boundary; an empty
+/// reason becomes "unauthenticated".
+fn reject_reason(why: &str) -> String {
+    let mut out = String::with_capacity(why.len().min(REJECT_PRIVATE_MAX));
+    for c in why.chars() {
+        let c = if c.is_control() { ' ' } else { c };
+        if out.len() + c.len_utf8() > REJECT_PRIVATE_MAX {
+            break;
+        }
+        out.push(c);
+    }
+    if out.trim().is_empty() {
+        return "unauthenticated".to_string();
+    }
+    out
 }
 
 /// What the listening task owns. Field order = drop order: the AsyncFd
@@ -797,6 +929,8 @@ struct ListenState {
     cfg: Config,
     local: SocketAddr,
     pools: Arc<SharedPools>,
+    /// The admission gate (§2.4), if any.
+    gate: Option<AdmitGate>,
 }
 
 /// The listening task: takes CONNECT_REQUESTs (the only events on this
@@ -832,7 +966,7 @@ async fn listen_loop(
             continue;
         };
         let peer = id.peer_addr();
-        let peer_hello = match Hello::decode(&e.private_data) {
+        let (peer_hello, ticket) = match Hello::decode_with_ticket(&e.private_data) {
             Ok(h) => h,
             Err(v) => {
                 id.reject(b"bad hello");
@@ -841,6 +975,23 @@ async fn listen_loop(
                 continue;
             }
         };
+        // §2.4: the gate decides first, so a refused request is counted by
+        // no limit and gets no event channel, queue pair or memory.
+        if let Some(gate) = &st.gate {
+            if let Err(why) = run_gate(gate, &AdmitRequest { peer, ticket }) {
+                limits.unauthenticated.fetch_add(1, Ordering::Relaxed);
+                let why = reject_reason(&why);
+                let presented = if ticket.is_some() { "a" } else { "no" };
+                tracing::warn!(
+                    "rdma listener on {}: refused a connection from {} presenting {presented} \
+                     ticket: {why}",
+                    st.local,
+                    peer.map_or_else(|| "?".to_string(), |p| p.to_string()),
+                );
+                id.reject(why.as_bytes());
+                continue;
+            }
+        }
         let ip = peer.map_or(IpAddr::from([0, 0, 0, 0]), |p| p.ip());
         let admission = match limits.admit(ip, &st.cfg) {
             Ok(a) => a,
@@ -868,7 +1019,7 @@ async fn listen_loop(
         let (cfg, local, tx) = (st.cfg.clone(), st.local, tx.clone());
         let pools = st.pools.clone();
         handshakes.spawn(async move {
-            let r = setup_passive(id, chan, peer_hello, cfg, local, admission, pools).await;
+            let r = setup_passive(id, chan, peer_hello, ticket, cfg, local, admission, pools).await;
             if let Err(e) = &r {
                 tracing::debug!("rdma listener on {local}: handshake failed: {e}");
             }
@@ -879,11 +1030,14 @@ async fn listen_loop(
     }
 }
 
-/// §2.3 step 3, passive side, for an id already on its own channel.
+/// §2.3 step 3, passive side, for an id already on its own channel;
+/// `ticket` is the one the request presented (§2.4).
+#[allow(clippy::too_many_arguments)]
 async fn setup_passive(
     id: CmId,
     chan: Arc<EventChannel>,
     peer_hello: Hello,
+    ticket: Option<Ticket>,
     cfg: Config,
     local: SocketAddr,
     mut admission: Admission,
@@ -930,6 +1084,7 @@ async fn setup_passive(
         peer,
         peer_hello,
         Some(admission),
+        ticket,
         false,
     )
 }
@@ -1119,6 +1274,7 @@ pub struct Connection {
     recv: RecvHalf,
     peer: SocketAddr,
     stats: Arc<ConnStats>,
+    ticket: Option<Ticket>,
 }
 
 impl Connection {
@@ -1135,6 +1291,14 @@ impl Connection {
     /// Live counters of this connection.
     pub fn stats(&self) -> Arc<ConnStats> {
         self.stats.clone()
+    }
+
+    /// On the accepting side, the ticket the peer presented in its connect
+    /// request (§2.4), which a gated listener's gate accepted (an ungated
+    /// listener checks nothing: then it is only what the peer sent); `None`
+    /// when it presented none, and on the connecting side.
+    pub fn ticket(&self) -> Option<Ticket> {
+        self.ticket
     }
 }
 
@@ -1376,6 +1540,7 @@ fn spawn_driver(
     peer: SocketAddr,
     peer_hello: Hello,
     admission: Option<Admission>,
+    ticket: Option<Ticket>,
     active: bool,
 ) -> Result<Connection, Error> {
     let cq_afd = async_fd(res.cq.clone())?;
@@ -1451,6 +1616,7 @@ fn spawn_driver(
         },
         peer,
         stats,
+        ticket,
     })
 }
 

@@ -34,6 +34,19 @@ pub enum PeerMisbehaved {
         /// `wire::HELLO_LEN`.
         need: usize,
     },
+    /// The hello's `TICKET` flag is set but the private data is too short
+    /// to hold the ticket after the hello (§2.4).
+    #[error("bad hello: ticket flag set but private data has {len} bytes (need {need})")]
+    HelloTicketTooShort {
+        /// Bytes received.
+        len: usize,
+        /// `wire::HELLO_TICKET_LEN`.
+        need: usize,
+    },
+    /// The accepting side's hello carries a ticket (§2.4: only the
+    /// connecting side presents one).
+    #[error("bad hello: the accepting side's hello carries a ticket")]
+    HelloTicketFromListener,
     /// The hello does not start with the magic number.
     #[error("bad hello: bad magic {magic:#010x}")]
     HelloBadMagic {
@@ -338,7 +351,8 @@ pub enum Error {
     },
     /// The peer (or its CM) rejected the connection: typically no listener on
     /// that port (`RDMA_CM_EVENT_REJECTED`), or the listener refused our
-    /// parameters (then `reason` says why).
+    /// parameters, a limit, or our ticket (wire §2.4: its admission gate's
+    /// text, e.g. `unauthenticated: ...`); then `reason` says why.
     #[error("connection rejected by {addr} (status {status}){reason}")]
     Rejected {
         /// Destination.

@@ -1,6 +1,8 @@
 //! RDMA messaging transport for the gRPC-over-RDMA framework.
 //!
-//! * connection setup with rdma_cm ([`Listener`], [`connect`]),
+//! * connection setup with rdma_cm ([`Listener`], [`connect`]), optionally
+//!   admitting only peers that present a ticket ([`Listener::bind_gated`],
+//!   [`connect_with_ticket`]),
 //! * small messages by SEND into pre-posted receive buffers with
 //!   credit-based flow control, large ones by RDMA WRITE into buffers the
 //!   peer advertised (rendezvous), see `docs/wire-protocol-rdma.md`,
@@ -25,8 +27,10 @@ mod verbs;
 
 pub use config::{Config, PollMode};
 pub use conn::{
-    connect, connect_from, Connection, InlineHandler, InlineStop, Listener, RecvHalf, SendHalf,
+    connect, connect_from, connect_with_ticket, AdmitGate, AdmitRequest, Connection, InlineHandler,
+    InlineStop, Listener, RecvHalf, SendHalf,
 };
+pub use engine::wire::{Ticket, TICKET_LEN};
 pub use error::{Errno, Error, PeerMisbehaved};
 pub use stats::{ConnStats, StatsSnapshot};
 

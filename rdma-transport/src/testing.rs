@@ -23,7 +23,7 @@ use rdma_sys::rdma_cm_event_type as ev;
 
 use crate::config::Config;
 use crate::conn::{handshake, next_event, resolve, CmFd, Handshake};
-use crate::engine::wire::{Header, Hello, Kind, HDR_LEN, VERSION};
+use crate::engine::wire::{Header, Hello, Kind, Ticket, HDR_LEN, VERSION};
 use crate::engine::{recv_wr_id, sq_wr_id, Action, Buffers, WR_RECV};
 use crate::error::Error;
 use crate::verbs::cm::{CmId, EventChannel};
@@ -86,7 +86,7 @@ impl RawPeer {
         cfg: &Config,
         edit_hello: impl FnOnce(&mut Hello),
     ) -> Result<RawPeer, Error> {
-        let hs = handshake(addr, None, cfg, edit_hello).await?;
+        let hs = handshake(addr, None, cfg, None, edit_hello).await?;
         Ok(RawPeer {
             hs,
             cfg: cfg.clone(),
@@ -443,6 +443,18 @@ impl StalledConnect {
         local: Option<IpAddr>,
         cfg: &Config,
     ) -> Result<StalledConnect, Error> {
+        StalledConnect::start_with_ticket(addr, local, cfg, None).await
+    }
+
+    /// As [`StalledConnect::start`], presenting `ticket` when given (wire
+    /// §2.4). Creates no queue pair and registers no memory on this side,
+    /// so a test can tell what the listener registered for the request.
+    pub async fn start_with_ticket(
+        addr: SocketAddr,
+        local: Option<IpAddr>,
+        cfg: &Config,
+        ticket: Option<Ticket>,
+    ) -> Result<StalledConnect, Error> {
         let (chan, afd, id) = resolve(addr, local, cfg).await?;
         // A hello the listener accepts (§2.2); nothing ever uses its region.
         let hello = Hello {
@@ -463,7 +475,10 @@ impl StalledConnect {
         let qpn = 0x00f0_0000
             | ((std::process::id() & 0xff) << 12)
             | (NEXT_QPN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xfff);
-        id.connect_qpn(&hello.encode(), qpn)?;
+        match &ticket {
+            Some(t) => id.connect_qpn(&hello.encode_with_ticket(t), qpn)?,
+            None => id.connect_qpn(&hello.encode(), qpn)?,
+        }
         Ok(StalledConnect { afd, _id: id, chan })
     }
 

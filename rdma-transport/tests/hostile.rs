@@ -22,6 +22,7 @@ use rdma_transport::{connect, Config, Error, Listener, PeerMisbehaved};
 mod common;
 use common::{device_ip, iwarp, pattern};
 
+mod admission;
 mod listener;
 
 /// The listener's configuration in these tests: its rendezvous region is

@@ -10,6 +10,14 @@ pub const MAGIC: u32 = 0x5247_5250;
 pub const VERSION: u16 = 1;
 /// Size of the private data blob (§2.1). Must stay <= 56 bytes (IB CM REQ limit).
 pub const HELLO_LEN: usize = 44;
+/// Size of an admission ticket (§2.4).
+pub const TICKET_LEN: usize = 12;
+/// Size of a hello followed by a ticket (§2.4): exactly the 56 bytes of
+/// private data an IB/RoCE connect request carries.
+pub const HELLO_TICKET_LEN: usize = HELLO_LEN + TICKET_LEN;
+/// An admission ticket (§2.4): opaque bytes the connecting side presents
+/// and the listener's gate checks.
+pub type Ticket = [u8; TICKET_LEN];
 /// Size of the header at the start of every SEND (§3.1).
 pub const HDR_LEN: usize = 32;
 
@@ -98,9 +106,19 @@ pub const HELLO_FLAG_ON_DEMAND: u16 = 2;
 /// [`FLAG_REVOKE`]) with RELEASED (§4.7), so its peer may take back credits
 /// it granted beyond the hello's. Set with `ON_DEMAND`.
 pub const HELLO_FLAG_REVOCABLE: u16 = 4;
-/// Every hello flag this version knows; any other bit is refused.
+/// Hello flag bit: the [`TICKET_LEN`] bytes right after the hello are an
+/// admission ticket (§2.4). Only the active side's hello may carry one. A
+/// property of the encoded blob, not of the connection: [`Hello::encode_with_ticket`]
+/// sets it, [`Hello::decode_with_ticket`] consumes it, and a decoded
+/// [`Hello`]'s `flags` never hold it.
+pub const HELLO_FLAG_TICKET: u16 = 8;
+/// Every flag a [`Hello`]'s `flags` may hold; [`Hello::validate`] refuses
+/// any other bit. On the wire [`HELLO_FLAG_TICKET`] is known too
+/// ([`HELLO_WIRE_FLAGS_KNOWN`]).
 pub const HELLO_FLAGS_KNOWN: u16 =
     HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND | HELLO_FLAG_REVOCABLE;
+/// Every flag bit a hello blob may carry (§2.1); any other bit is refused.
+pub const HELLO_WIRE_FLAGS_KNOWN: u16 = HELLO_FLAGS_KNOWN | HELLO_FLAG_TICKET;
 
 /// Immediate data bit of the last chunk of a message (§5.4).
 pub const IMM_LAST: u32 = 1 << 31;
@@ -130,7 +148,9 @@ pub fn parse_chunk_imm(imm: u32) -> (u32, u32, bool) {
 pub struct Hello {
     /// Protocol version of the sender.
     pub version: u16,
-    /// Flags: [`HELLO_FLAG_WRITE_IMM`]; other bits are refused.
+    /// Flags: [`HELLO_FLAG_WRITE_IMM`], [`HELLO_FLAG_ON_DEMAND`],
+    /// [`HELLO_FLAG_REVOCABLE`]; other bits are refused ([`HELLO_FLAG_TICKET`]
+    /// is carried by the blob only, see there).
     pub flags: u16,
     /// Receive buffers pre-posted by the sender = initial credits of the peer.
     pub credits: u32,
@@ -149,7 +169,7 @@ pub struct Hello {
 }
 
 impl Hello {
-    /// Encodes into the fixed-size blob (§2.1).
+    /// Encodes into the fixed-size blob (§2.1), `flags` as they are.
     pub fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -165,8 +185,32 @@ impl Hello {
         b
     }
 
-    /// Decodes and validates (§2.2). Trailing bytes (CM padding) are ignored.
+    /// Encodes with an admission ticket (§2.4): the hello with
+    /// [`HELLO_FLAG_TICKET`] set, then the ticket.
+    pub fn encode_with_ticket(&self, ticket: &Ticket) -> [u8; HELLO_TICKET_LEN] {
+        let flagged = Hello {
+            flags: self.flags | HELLO_FLAG_TICKET,
+            ..*self
+        };
+        let mut b = [0u8; HELLO_TICKET_LEN];
+        b[..HELLO_LEN].copy_from_slice(&flagged.encode());
+        b[HELLO_LEN..].copy_from_slice(ticket);
+        b
+    }
+
+    /// Decodes and validates (§2.2). Trailing bytes (CM padding, a ticket)
+    /// are ignored; a blob whose [`HELLO_FLAG_TICKET`] is set must still be
+    /// long enough to hold the ticket.
     pub fn decode(b: &[u8]) -> Result<Hello, PeerMisbehaved> {
+        Hello::decode_with_ticket(b).map(|(h, _)| h)
+    }
+
+    /// Decodes and validates (§2.2), with the admission ticket when
+    /// [`HELLO_FLAG_TICKET`] is set (§2.4): then the blob must be at least
+    /// [`HELLO_TICKET_LEN`] bytes. The returned hello's `flags` do not hold
+    /// [`HELLO_FLAG_TICKET`]; bytes after the hello (and its ticket) are
+    /// ignored.
+    pub fn decode_with_ticket(b: &[u8]) -> Result<(Hello, Option<Ticket>), PeerMisbehaved> {
         if b.len() < HELLO_LEN {
             return Err(PeerMisbehaved::HelloTooShort {
                 len: b.len(),
@@ -178,9 +222,37 @@ impl Hello {
         if u32at(0) != MAGIC {
             return Err(PeerMisbehaved::HelloBadMagic { magic: u32at(0) });
         }
+        let version = u16::from_le_bytes([b[4], b[5]]);
+        if version != VERSION {
+            return Err(PeerMisbehaved::HelloVersion {
+                version,
+                ours: VERSION,
+            });
+        }
+        let flags = u16::from_le_bytes([b[6], b[7]]);
+        if flags & !HELLO_WIRE_FLAGS_KNOWN != 0 {
+            return Err(PeerMisbehaved::HelloFieldRange {
+                field: "flags",
+                value: flags.into(),
+                min: 0,
+                max: HELLO_WIRE_FLAGS_KNOWN.into(),
+            });
+        }
+        let ticket = if flags & HELLO_FLAG_TICKET != 0 {
+            let t = b
+                .get(HELLO_LEN..HELLO_TICKET_LEN)
+                .and_then(|t| Ticket::try_from(t).ok())
+                .ok_or(PeerMisbehaved::HelloTicketTooShort {
+                    len: b.len(),
+                    need: HELLO_TICKET_LEN,
+                })?;
+            Some(t)
+        } else {
+            None
+        };
         let h = Hello {
-            version: u16::from_le_bytes([b[4], b[5]]),
-            flags: u16::from_le_bytes([b[6], b[7]]),
+            version,
+            flags: flags & !HELLO_FLAG_TICKET,
             credits: u32at(8),
             recv_slot_bytes: u32at(12),
             rdv_count: u32at(16),
@@ -190,7 +262,7 @@ impl Hello {
             max_message: u64at(36),
         };
         h.validate()?;
-        Ok(h)
+        Ok((h, ticket))
     }
 
     /// Checks every field against its range in §2.1 and that the advertised
@@ -402,8 +474,8 @@ mod tests {
         };
         type Case = (fn(&mut Hello), PeerMisbehaved);
         let cases: [Case; 10] = [
-            (|h| h.flags = 8, range("flags", 8, 0, 7)),
-            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 7)),
+            (|h| h.flags = 16, range("flags", 16, 0, 15)),
+            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 15)),
             (|h| h.credits = 3, range("credits", 3, 4, 4096)),
             (|h| h.credits = 4097, range("credits", 4097, 4, 4096)),
             (
@@ -452,6 +524,84 @@ mod tests {
                 need: HELLO_LEN
             })
         );
+    }
+
+    #[test]
+    fn a_ticket_travels_right_after_the_hello() {
+        let h = Hello {
+            flags: HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND,
+            ..good()
+        };
+        let t: Ticket = *b"0123456789ab";
+        let b = h.encode_with_ticket(&t);
+        // 44 + 12: exactly what an IB/RoCE connect request carries.
+        assert_eq!(b.len(), 56);
+        // The hello's bytes but for the flags (offset 6), which gain TICKET.
+        let plain = h.encode();
+        assert_eq!(&b[..6], &plain[..6]);
+        assert_eq!(&b[8..HELLO_LEN], &plain[8..]);
+        assert_eq!(
+            u16::from_le_bytes([b[6], b[7]]),
+            HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND | HELLO_FLAG_TICKET
+        );
+        assert_eq!(&b[HELLO_LEN..], &t);
+        // The decoded hello does not hold the ticket flag; the ticket comes
+        // separately, and `decode` (without it) accepts the same blob.
+        assert_eq!(Hello::decode_with_ticket(&b), Ok((h, Some(t))));
+        assert_eq!(Hello::decode(&b), Ok(h));
+        // CM padding after the ticket is ignored.
+        let mut padded = b.to_vec();
+        padded.extend_from_slice(&[0xee; 140]);
+        assert_eq!(Hello::decode_with_ticket(&padded), Ok((h, Some(t))));
+        // Without the flag, whatever follows the hello is padding, not a
+        // ticket.
+        let mut plain = h.encode().to_vec();
+        plain.extend_from_slice(&t);
+        assert_eq!(Hello::decode_with_ticket(&plain), Ok((h, None)));
+        assert_eq!(Hello::decode_with_ticket(&h.encode()), Ok((h, None)));
+    }
+
+    #[test]
+    fn a_ticket_flag_without_the_ticket_bytes_is_refused() {
+        let b = good().encode_with_ticket(&[7; TICKET_LEN]);
+        for len in [HELLO_LEN, HELLO_LEN + 1, HELLO_TICKET_LEN - 1] {
+            let want = PeerMisbehaved::HelloTicketTooShort {
+                len,
+                need: HELLO_TICKET_LEN,
+            };
+            assert_eq!(Hello::decode_with_ticket(&b[..len]), Err(want.clone()));
+            assert_eq!(Hello::decode(&b[..len]), Err(want));
+        }
+        // A blob too short for the hello itself is that error, flag or not.
+        assert_eq!(
+            Hello::decode_with_ticket(&b[..HELLO_LEN - 1]),
+            Err(PeerMisbehaved::HelloTooShort {
+                len: HELLO_LEN - 1,
+                need: HELLO_LEN
+            })
+        );
+        // The flag is a property of the blob: a hello struct holding it is
+        // refused by `validate` (and so by `Engine::new`).
+        let h = Hello {
+            flags: HELLO_FLAG_TICKET,
+            ..good()
+        };
+        assert_eq!(
+            h.validate(),
+            Err(PeerMisbehaved::HelloFieldRange {
+                field: "flags",
+                value: 8,
+                min: 0,
+                max: 7
+            })
+        );
+        // Other unknown bits are refused next to the ticket flag too.
+        let mut bad = good().encode_with_ticket(&[1; TICKET_LEN]);
+        bad[7] = 0x80;
+        assert!(matches!(
+            Hello::decode_with_ticket(&bad),
+            Err(PeerMisbehaved::HelloFieldRange { field: "flags", .. })
+        ));
     }
 
     #[test]

@@ -17,6 +17,14 @@ use super::dl::{
 use super::{errno, set_nonblocking, verb_err, warn_destroy};
 use crate::error::Error;
 
+/// Most private data a connect request carries on InfiniBand/RoCE: the IB
+/// CM REQ's 92 bytes less rdma_cm's 36-byte header (iWARP's MPA allows
+/// more). A hello with a ticket fills it exactly (wire §2.4).
+pub(crate) const CONNECT_PRIVATE_MAX: usize = 56;
+/// Most private data a reject carries on InfiniBand/RoCE (the IB CM REJ's;
+/// the kernel refuses a longer one with EINVAL).
+pub(crate) const REJECT_PRIVATE_MAX: usize = 148;
+
 /// An rdma_cm event channel (fd made non-blocking for tokio's AsyncFd).
 pub(crate) struct EventChannel {
     ptr: *mut rdma_event_channel,
@@ -305,6 +313,9 @@ impl CmId {
     }
 
     fn param(private: &[u8], qp_num: u32) -> rdma_conn_param {
+        // Our private data is a hello (44 bytes), with a ticket (56) on
+        // connect: within every transport's limit, and within the u8 below.
+        debug_assert!(private.len() <= CONNECT_PRIVATE_MAX);
         rdma_conn_param {
             private_data: private.as_ptr() as *const _,
             private_data_len: private.len() as u8,
@@ -348,8 +359,10 @@ impl CmId {
         cm_call(r, "rdma_accept")
     }
 
+    /// `rdma_reject` with `private` (a reason text), cut to
+    /// [`REJECT_PRIVATE_MAX`] bytes so that every transport carries it.
     pub(crate) fn reject(&self, private: &[u8]) {
-        let len = private.len().min(u8::MAX as usize) as u8;
+        let len = private.len().min(REJECT_PRIVATE_MAX) as u8;
         // SAFETY: live id from a CONNECT_REQUEST; `len` bytes of private
         // data are valid during the call (librdmacm copies them).
         let r = unsafe { rdma_reject(self.ptr, private.as_ptr() as *const _, len) };
