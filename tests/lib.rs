@@ -102,7 +102,8 @@ impl Fixture {
                     .start("127.0.0.1:0".parse().unwrap())
                     .await
                     .expect("server starts on loopback");
-                let channel = Channel::builder(handle.local_addr().to_string())
+                let channel = Channel::from_shared(handle.local_addr().to_string())
+                    .unwrap()
                     .transport(Transport::TcpOnly)
                     .connect()
                     .await
@@ -135,7 +136,8 @@ impl Fixture {
                     println!("SKIP: no RDMA device for {ip}");
                     return None;
                 };
-                let channel = Channel::builder(rdma_addr.to_string())
+                let channel = Channel::from_shared(rdma_addr.to_string())
+                    .unwrap()
                     .transport(Transport::RdmaOnly)
                     .connect()
                     .await
@@ -160,7 +162,8 @@ impl Fixture {
                     Path::Rdma => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
                     _ => (h.local_addr(), Transport::TcpOnly),
                 };
-                Channel::builder(addr.to_string())
+                Channel::from_shared(addr.to_string())
+                    .unwrap()
                     .transport(t)
                     .connect()
                     .await

@@ -9,7 +9,8 @@
 //! balancer sits behind a `tower::buffer::Buffer` so that the channel is
 //! `Clone`. See `docs/architecture.md`, "Balanced channels".
 
-use crate::client::{BoxError, ChannelBuilder, Core, Req, Resp};
+use crate::client::{BoxError, Core, Req, Resp};
+use crate::endpoint::ChannelBuilder;
 use crate::{Channel, TransportInfo, TransportKind};
 use futures::{Stream, StreamExt};
 use std::collections::HashMap;
@@ -93,7 +94,7 @@ impl Channel {
                 ..TransportInfo::of(TransportKind::Balanced, None)
             }
         };
-        Channel::buffered(BoxService::new(balance), Arc::new(info))
+        Channel::buffered(BoxService::new(balance), Arc::new(info), None)
     }
 }
 

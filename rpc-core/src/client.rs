@@ -4,6 +4,8 @@
 
 use crate::body::RecvBody;
 use crate::conn::Connection;
+use crate::endpoint::ChannelBuilder;
+use crate::endpoint::Reprobe;
 use crate::session::{self, CallGuard, Inbound, Shared};
 use crate::tcp::{deadline_status, CallCancel, ClientResponseBody};
 use crate::{timeout, ConnInfo, Error, SessionConfig, Transport, TransportInfo, TransportKind};
@@ -267,6 +269,8 @@ async fn reprobe_rdma(core: Weak<Core>, b: ChannelBuilder, r: Reprobe) {
 pub(crate) struct MsgChannel {
     session: tokio::sync::Mutex<Option<Arc<Shared>>>,
     connector: Option<Connector>,
+    /// Sent with each call that has none (tonic's HTTP/2 channel adds its own).
+    user_agent: http::HeaderValue,
 }
 
 impl Drop for MsgChannel {
@@ -308,182 +312,101 @@ impl MsgChannel {
     }
 }
 
-/// Re-probe back-off of an `Auto` channel that fell back to TCP.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Reprobe {
-    initial: Duration,
-    max: Duration,
-}
-
-/// Builds a [`Channel`]: the options of tonic's `Endpoint` (also reachable as
-/// [`Endpoint`]), the transport policy and the RDMA settings.
-#[derive(Debug, Clone)]
-pub struct ChannelBuilder {
-    pub(crate) addr: String,
-    pub(crate) transport: Option<Transport>,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) rdma_connect_timeout: Duration,
-    pub(crate) session: SessionConfig,
-    pub(crate) rdma_config: Option<rdma_transport::Config>,
-    timeout: Option<Duration>,
-    concurrency_limit: Option<usize>,
-    rate_limit: Option<(u64, Duration)>,
-    reprobe: Option<Reprobe>,
-}
-
-/// tonic's name for a channel's builder: `Endpoint::from_static(..).connect()`.
-pub type Endpoint = ChannelBuilder;
-
-/// Parses a target: `host:port`, or a URI `http://host:port[/]`. TLS
-/// (`https://`) is not offered (see the README's non-goals).
-fn parse_target(s: &str) -> Result<String, Error> {
-    let bad = |why: &str| Error::InvalidAddress(format!("{s:?}: {why}"));
-    let hostport = match s.split_once("://") {
-        Some((scheme, rest)) => {
-            if !scheme.eq_ignore_ascii_case("http") {
-                return Err(bad(
-                    "only http:// URIs (or host:port) are supported; TLS is not offered",
-                ));
-            }
-            let uri: http::Uri = s.parse().map_err(|e| bad(&format!("{e}")))?;
-            if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-                return Err(bad("a channel's URI has no path"));
-            }
-            let auth = uri.authority().ok_or_else(|| bad("no host"))?;
-            if auth.port().is_none() {
-                return Err(bad("no port"));
-            }
-            if rest.contains('@') {
-                return Err(bad("user info is not supported"));
-            }
-            auth.as_str().to_string()
-        }
-        None => s.trim_end_matches('/').to_string(),
-    };
-    match hostport.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(hostport),
-        _ => Err(bad("expected host:port or http://host:port")),
-    }
-}
-
 impl ChannelBuilder {
-    /// A builder from a URI held in a `&'static str` (as tonic's
-    /// `Endpoint::from_static`). Panics if it is not a valid target.
-    pub fn from_static(s: &'static str) -> ChannelBuilder {
-        Self::from_shared(s).expect("a valid http://host:port or host:port")
-    }
-
-    /// A builder from `http://host:port` or `host:port` (as tonic's
-    /// `Endpoint::from_shared`); `https://` is refused (no TLS here).
-    pub fn from_shared(s: impl Into<String>) -> Result<ChannelBuilder, Error> {
-        let s = s.into();
-        parse_target(&s)?;
-        Ok(Channel::builder(s))
-    }
-
-    /// The target as given (`host:port` or `http://host:port`).
-    pub fn address(&self) -> &str {
-        &self.addr
-    }
-
-    /// Which transport to use; default [`Transport::Auto`] unless the
-    /// `RPC_TRANSPORT` environment variable (`auto`, `rdma`, `tcp`) says otherwise.
-    pub fn transport(mut self, t: Transport) -> Self {
-        self.transport = Some(t);
-        self
-    }
-    /// Time allowed to establish the TCP connection (default 5 s).
-    pub fn connect_timeout(mut self, d: Duration) -> Self {
-        self.connect_timeout = d;
-        self
-    }
-    /// Time allowed for RDMA address/route resolution and connection before
-    /// falling back to TCP (default 2 s, or `RPC_RDMA_CONNECT_TIMEOUT_MS`).
-    /// It overrides the timeouts of [`rdma_config`](Self::rdma_config).
-    pub fn rdma_connect_timeout(mut self, d: Duration) -> Self {
-        self.rdma_connect_timeout = d;
-        self
-    }
-    /// Call-protocol limits used on message (RDMA, in-memory) connections.
-    pub fn session_config(mut self, c: SessionConfig) -> Self {
-        self.session = c;
-        self
-    }
-    /// rdma-transport's settings (buffer sizes, queue depths, inline and
-    /// eager limits, how completions are waited for...) for this channel's
-    /// RDMA connections. Default: the transport's defaults with
-    /// `max_message_bytes` = 16 MiB.
+    /// Connects according to the transport policy (as tonic's
+    /// `Endpoint::connect`): RDMA where there is RDMA, else HTTP/2 on TCP,
+    /// saying why ([`Channel::transport`]).
     ///
-    /// A latency-critical client that gives its connection a core polls
-    /// instead of sleeping on completion events:
+    /// # Errors
     ///
-    /// ```no_run
-    /// # async fn f() -> Result<(), rpc_core::Error> {
-    /// use rpc_core::{Channel, PollMode, RdmaConfig};
-    /// let channel = Channel::builder("http://10.0.0.1:50051")
-    ///     .rdma_config(RdmaConfig {
-    ///         poll_mode: PollMode::Spin,
-    ///         max_message_bytes: rpc_core::MAX_RDMA_FRAME,
-    ///         ..RdmaConfig::default()
-    ///     })
-    ///     .connect()
-    ///     .await?;
-    /// # drop(channel); Ok(()) }
-    /// ```
-    pub fn rdma_config(mut self, c: rdma_transport::Config) -> Self {
-        self.rdma_config = Some(c);
-        self
-    }
-    /// A deadline for every call that has none shorter (as tonic's
-    /// `Endpoint::timeout`). It travels as the call's `grpc-timeout`, so the
-    /// server sees it too, and the call ends `DEADLINE_EXCEEDED`.
-    pub fn timeout(mut self, d: Duration) -> Self {
-        self.timeout = Some(d);
-        self
-    }
-    /// At most `limit` calls at once on this channel, its clones together
-    /// (`tower::limit::ConcurrencyLimit`, as tonic's); more wait.
-    pub fn concurrency_limit(mut self, limit: usize) -> Self {
-        self.concurrency_limit = Some(limit);
-        self
-    }
-    /// At most `num` calls per `per` on this channel, its clones together
-    /// (`tower::limit::RateLimit`, as tonic's); more wait.
-    pub fn rate_limit(mut self, num: u64, per: Duration) -> Self {
-        self.rate_limit = Some((num, per));
-        self
-    }
-    /// Re-probe back-off of an `Auto` channel that fell back to TCP: RDMA is
-    /// tried again after `initial`, then at doubling intervals up to `max`
-    /// (default 1 s doubling to 60 s); see [`Channel::transport`].
-    pub fn rdma_reprobe(mut self, initial: Duration, max: Duration) -> Self {
-        self.reprobe = Some(Reprobe {
-            initial: initial.max(Duration::from_millis(1)),
-            max: max.max(initial),
-        });
-        self
-    }
-    /// An `Auto` channel that fell back to TCP stays on TCP.
-    pub fn no_rdma_reprobe(mut self) -> Self {
-        self.reprobe = None;
-        self
-    }
-
-    /// Connects according to the transport policy.
-    pub async fn connect(self) -> Result<Channel, Error> {
-        parse_target(&self.addr)?;
+    /// [`Error::InvalidAddress`] for a bad target, [`Error::Tls`] for an
+    /// `https://` target without [`tls_config`](Self::tls_config) (or the
+    /// reverse), [`Error::Connect`] when no transport reaches the server,
+    /// [`Error::RdmaUnavailable`] under [`Transport::RdmaOnly`].
+    pub async fn connect(&self) -> Result<Channel, Error> {
+        self.check_target()?;
         let core = Core::new(Some(self.clone()), false);
         core.ensure_connected().await?;
-        Ok(self.wrap(core))
+        Ok(self.clone().wrap(core))
     }
 
     /// A channel that connects on its first call (as tonic's
     /// `Endpoint::connect_lazy`): a call while the server cannot be reached
     /// fails `UNAVAILABLE`, and the next one tries again. Needs a Tokio runtime
     /// when the builder has limits (their buffer's task is spawned here).
-    pub fn connect_lazy(self) -> Channel {
+    pub fn connect_lazy(&self) -> Channel {
         let core = Core::new(Some(self.clone()), false);
-        self.wrap(core)
+        self.clone().wrap(core)
+    }
+
+    /// A channel over HTTP/2 on the IO that `connector` returns for the
+    /// endpoint's URI (as tonic's `Endpoint::connect_with_connector`, e.g. an
+    /// in-process `tokio::io::duplex` pair for tests, or a Unix socket). It
+    /// is tonic's channel with this endpoint's HTTP/2 options, limits and
+    /// timeout; it never uses RDMA ([`Channel::transport`] says `tcp`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Connect`] if the connector or the HTTP/2 handshake fails.
+    pub async fn connect_with_connector<C>(&self, connector: C) -> Result<Channel, Error>
+    where
+        C: tower::Service<http::Uri> + Send + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin,
+        C::Future: Send,
+        BoxError: From<C::Error> + Send,
+    {
+        let ch = self
+            .tcp_endpoint()
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| Error::Connect {
+                transport: TransportKind::Tcp,
+                addr: self.addr.clone(),
+                detail: error_chain(&e),
+            })?;
+        Ok(self.over_tcp(ch))
+    }
+
+    /// As [`connect_with_connector`](Self::connect_with_connector), connecting
+    /// on the first call (as tonic's `Endpoint::connect_with_connector_lazy`).
+    pub fn connect_with_connector_lazy<C>(&self, connector: C) -> Channel
+    where
+        C: tower::Service<http::Uri> + Send + 'static,
+        C::Response: hyper::rt::Read + hyper::rt::Write + Send + Unpin,
+        C::Future: Send,
+        BoxError: From<C::Error> + Send,
+    {
+        let ch = self.tcp_endpoint().connect_with_connector_lazy(connector);
+        self.over_tcp(ch)
+    }
+
+    /// A channel over an established tonic channel, with this builder's limits.
+    fn over_tcp(&self, ch: tonic::transport::Channel) -> Channel {
+        let core = Core::connected(Inner::Tcp(ch), TransportInfo::of(TransportKind::Tcp, None));
+        self.clone().wrap(core)
+    }
+
+    /// tonic's endpoint for the TCP side, with the connect timeout.
+    pub(crate) fn tcp_endpoint(&self) -> tonic::transport::Endpoint {
+        self.tcp.clone().connect_timeout(self.connect_timeout)
+    }
+
+    /// The target parses, and TLS and the scheme agree.
+    fn check_target(&self) -> Result<(), Error> {
+        let t = self.target()?;
+        if t.https && !self.tls {
+            return Err(Error::Tls(format!(
+                "{}: an https:// target needs tls_config(ClientTlsConfig) (and rpc-core's `tls` feature)",
+                self.addr
+            )));
+        }
+        if self.tls && !t.https {
+            return Err(Error::Tls(format!(
+                "{}: tls_config is set but the target is not https://; use https://host:port",
+                self.addr
+            )));
+        }
+        Ok(())
     }
 
     /// One endpoint of a balanced channel: lazy, and `Pending` while down.
@@ -517,16 +440,36 @@ impl ChannelBuilder {
                 svc: Svc::Direct(direct),
             };
         }
-        Channel::buffered(self.limited(direct), Arc::new(move || core.info()))
+        let size = self.buffer_size;
+        Channel::buffered(self.limited(direct), Arc::new(move || core.info()), size)
     }
 
     /// Connects with the policy: the transport, what to report, and whether
     /// to re-probe RDMA in the background (an `Auto` channel on TCP).
     async fn connect_inner(&self) -> Result<(Inner, TransportInfo, bool), Error> {
+        self.check_target()?;
         let policy = match self.transport {
             Some(t) => t,
             None => Transport::from_env()?,
         };
+        if self.tls && policy != Transport::TcpOnly {
+            // TLS first: RDMA is admitted only with a ticket got over it
+            // (docs/wire-protocol-rdma.md §2.4).
+            let tcp = self.connect_tcp().await?;
+            return match self.rdma_or_discovered(Some(&tcp)).await {
+                Ok(rdma) => Ok((rdma, TransportInfo::of(TransportKind::Rdma, None), false)),
+                Err(e) if policy == Transport::RdmaOnly => Err(e),
+                Err(e) => {
+                    let reason = e.fallback_reason();
+                    tracing::info!(addr = %self.addr, %reason, "RDMA unavailable, staying on TLS over TCP");
+                    Ok((
+                        tcp,
+                        TransportInfo::of(TransportKind::Tcp, Some(reason)),
+                        true,
+                    ))
+                }
+            };
+        }
         match policy {
             Transport::TcpOnly => Ok((
                 self.connect_tcp().await?,
@@ -538,7 +481,7 @@ impl ChannelBuilder {
                 TransportInfo::of(TransportKind::Rdma, None),
                 false,
             )),
-            Transport::Auto => match crate::rdma::connect_channel(self).await {
+            Transport::Auto => match crate::rdma::connect_channel(self, None).await {
                 Ok(c) => Ok((c, TransportInfo::of(TransportKind::Rdma, None), false)),
                 Err(e) => {
                     let tcp = self.connect_tcp().await?;
@@ -565,7 +508,8 @@ impl ChannelBuilder {
     /// (`docs/wire-protocol.md` §3), asked over `tcp` or a short-lived
     /// connection.
     pub(crate) async fn rdma_or_discovered(&self, tcp: Option<&Inner>) -> Result<Inner, Error> {
-        let e = match crate::rdma::connect_channel(self).await {
+        let tls = tcp.filter(|_| self.tls);
+        let e = match crate::rdma::connect_channel(self, tls).await {
             Ok(c) => return Ok(c),
             Err(e) => e,
         };
@@ -600,7 +544,7 @@ impl ChannelBuilder {
         match crate::discovery::query(ch).await {
             Ok(Some(port)) if Some(port) != target_port => {
                 tracing::debug!(addr = %self.addr, port, "the server announces RDMA on another port");
-                crate::rdma::connect_channel_at(self, Some(port))
+                crate::rdma::connect_channel_at(self, Some(port), Some(tcp).filter(|_| self.tls))
                     .await
                     .map_err(|e| {
                         Error::RdmaUnavailable(format!(
@@ -618,23 +562,17 @@ impl ChannelBuilder {
     }
 
     pub(crate) async fn connect_tcp(&self) -> Result<Inner, Error> {
-        let hostport = parse_target(&self.addr)?;
-        let uri = format!("http://{hostport}");
-        let ep = tonic::transport::Endpoint::from_shared(uri)
-            .map_err(|e| Error::InvalidAddress(format!("{}: {e}", self.addr)))?
-            .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true);
-        let ch = ep.connect().await.map_err(|e| Error::Connect {
-            transport: TransportKind::Tcp,
-            addr: self.addr.clone(),
-            detail: error_chain(&e),
-        })?;
+        self.check_target()?;
+        let ch = self
+            .tcp_endpoint()
+            .connect()
+            .await
+            .map_err(|e| Error::Connect {
+                transport: TransportKind::Tcp,
+                addr: self.addr.clone(),
+                detail: error_chain(&e),
+            })?;
         Ok(Inner::Tcp(ch))
-    }
-
-    /// The target's `host:port`.
-    pub(crate) fn host_port(&self) -> Result<String, Error> {
-        parse_target(&self.addr)
     }
 }
 
@@ -654,27 +592,10 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Channel {
-    /// A builder for `addr`: `host:port` or a URI `http://host:port` (a
-    /// `&str`, a `String` or an `http::Uri`).
-    pub fn builder(addr: impl std::fmt::Display) -> ChannelBuilder {
-        ChannelBuilder {
-            addr: addr.to_string(),
-            transport: None,
-            connect_timeout: Duration::from_secs(5),
-            rdma_connect_timeout: std::env::var(crate::RDMA_CONNECT_TIMEOUT_ENV)
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(Duration::from_secs(2), Duration::from_millis),
-            session: SessionConfig::default(),
-            rdma_config: None,
-            timeout: None,
-            concurrency_limit: None,
-            rate_limit: None,
-            reprobe: Some(Reprobe {
-                initial: Duration::from_secs(1),
-                max: Duration::from_secs(60),
-            }),
-        }
+    /// A builder for `uri` (as tonic's `Channel::builder`): `http://host:port`,
+    /// `https://host:port`, or the authority form `host:port`.
+    pub fn builder(uri: http::Uri) -> ChannelBuilder {
+        ChannelBuilder::from(uri)
     }
 
     /// As [`ChannelBuilder::from_static`].
@@ -683,13 +604,22 @@ impl Channel {
     }
 
     /// As [`ChannelBuilder::from_shared`].
-    pub fn from_shared(s: impl Into<String>) -> Result<ChannelBuilder, Error> {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidAddress`] if `s` is not a target.
+    pub fn from_shared(s: impl Into<bytes::Bytes>) -> Result<ChannelBuilder, Error> {
         ChannelBuilder::from_shared(s)
     }
 
-    /// Connects to `addr` with the default policy (RDMA first, TCP fallback).
+    /// Connects to `addr` (`host:port`, `http://..`, `https://..`) with the
+    /// default policy (RDMA first, TCP fallback).
+    ///
+    /// # Errors
+    ///
+    /// As [`ChannelBuilder::connect`].
     pub async fn connect(addr: impl std::fmt::Display) -> Result<Channel, Error> {
-        Self::builder(addr).connect().await
+        ChannelBuilder::for_target(addr.to_string()).connect().await
     }
 
     /// A channel over an already established message connection (e.g. an
@@ -699,16 +629,13 @@ impl Channel {
         kind: TransportKind,
         config: SessionConfig,
     ) -> Result<Channel, Error> {
-        let info = ConnInfo {
-            transport: kind,
-            peer: None,
-        };
+        let info = ConnInfo::new(kind, None);
         let shared = session::start(conn, info, config, None)
             .await
             .map_err(|s| Error::Handshake(s.message().to_string()))?;
         Ok(Channel {
             svc: Svc::Direct(Direct::new(Core::connected(
-                msg_inner(shared, None),
+                msg_inner(shared, None, crate::endpoint::default_user_agent()),
                 TransportInfo::of(kind, None),
             ))),
         })
@@ -717,8 +644,9 @@ impl Channel {
     pub(crate) fn buffered(
         svc: tower::util::BoxService<Req, Resp, BoxError>,
         info: InfoFn,
+        size: Option<usize>,
     ) -> Channel {
-        let (buf, worker) = tower::buffer::Buffer::pair(svc, BUFFER_SIZE);
+        let (buf, worker) = tower::buffer::Buffer::pair(svc, size.unwrap_or(BUFFER_SIZE).max(1));
         tokio::spawn(worker);
         Channel {
             svc: Svc::Buffered { buf, info },
@@ -738,10 +666,15 @@ impl Channel {
     }
 }
 
-pub(crate) fn msg_inner(shared: Arc<Shared>, connector: Option<Connector>) -> Inner {
+pub(crate) fn msg_inner(
+    shared: Arc<Shared>,
+    connector: Option<Connector>,
+    user_agent: http::HeaderValue,
+) -> Inner {
     Inner::Msg(Arc::new(MsgChannel {
         session: tokio::sync::Mutex::new(Some(shared)),
         connector,
+        user_agent,
     }))
 }
 
@@ -1052,6 +985,9 @@ async fn msg_call(
     while let Some(n) = md.keys().find(|k| is_transport_header(k)).cloned() {
         md.remove(n);
     }
+    if !md.contains_key(http::header::USER_AGENT) {
+        md.insert(http::header::USER_AGENT, chan.user_agent.clone());
+    }
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let work = async {
         let (shared, permit) = match slot {
@@ -1091,7 +1027,7 @@ async fn msg_call(
                 }
                 Some(None) => end = true,
                 Some(Some(Err(e))) => {
-                    return Err(Status::cancelled(format!("request body failed: {e}")))
+                    return Err(Status::internal(format!("request body failed: {e}")))
                 }
                 None => break,
             }
@@ -1151,7 +1087,7 @@ async fn msg_call(
                                 }
                             }
                             Some(Err(e)) => {
-                                let st = Status::cancelled(format!("request body failed: {e}"));
+                                let st = Status::internal(format!("request body failed: {e}"));
                                 s.reset_stream(stream, st.clone());
                                 return Err(st);
                             }

@@ -30,6 +30,7 @@ mod client;
 pub mod conn;
 mod discovery;
 mod dispatch;
+mod endpoint;
 mod frame;
 mod layers;
 mod misbehaved;
@@ -37,11 +38,13 @@ mod rdma;
 mod server;
 mod session;
 mod tcp;
+mod ticket;
 mod timeout;
 mod window;
 
 pub use body::RecvBody;
-pub use client::{Channel, ChannelBuilder, Endpoint};
+pub use client::Channel;
+pub use endpoint::{ChannelBuilder, Endpoint};
 pub use misbehaved::PeerMisbehaved;
 pub use rdma::MAX_RDMA_FRAME;
 /// rdma-transport's settings, for [`ChannelBuilder::rdma_config`] and
@@ -51,6 +54,11 @@ pub use rdma_transport::Config as RdmaConfig;
 /// adaptive busy-polling (the default), a fixed spin, or polling only.
 pub use rdma_transport::PollMode;
 pub use server::{HttpService, MemoryServer, Router, Server, ServingHandle};
+/// tonic's TLS types, for [`Server::tls_config`] and [`Endpoint::tls_config`]
+/// (so that `use tonic::transport::{Server, ServerTlsConfig, Identity}`
+/// becomes `use rpc_core::{..}` with the same names).
+#[cfg(feature = "tls")]
+pub use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 /// An endpoint change of a balanced channel's discovery stream
 /// ([`Channel::balance_channel`], [`Channel::balance_discover`]): tower's.
 pub use tower::discover::Change;
@@ -190,13 +198,39 @@ impl fmt::Display for TransportInfo {
 
 /// Connection details the server adds to each request's extensions (for
 /// interceptors: `req.extensions().get::<ConnInfo>()`), and the client to
-/// each response.
+/// each response. On message connections the server also adds what tonic's
+/// HTTP/2 server adds, so `request.remote_addr()`, `local_addr()` and
+/// `peer_certs()` answer as over TCP.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ConnInfo {
     /// Transport of the connection.
     pub transport: TransportKind,
-    /// The peer's address, when it has one.
+    /// The peer's address, when it has one (RDMA: its IP and rdma_cm port).
     pub peer: Option<std::net::SocketAddr>,
+    /// This side's address of the connection, when it has one.
+    pub local: Option<std::net::SocketAddr>,
+    /// The TLS identity an RDMA connection was admitted with.
+    pub(crate) tls: Option<ticket::TlsPeer>,
+}
+
+impl ConnInfo {
+    /// Details of a connection over `transport` with `peer` (e.g. for
+    /// [`Router::serve_connection`]).
+    pub fn new(transport: TransportKind, peer: Option<std::net::SocketAddr>) -> ConnInfo {
+        ConnInfo {
+            transport,
+            peer,
+            local: None,
+            tls: None,
+        }
+    }
+
+    /// The same, with this side's address.
+    pub fn with_local(mut self, local: Option<std::net::SocketAddr>) -> ConnInfo {
+        self.local = local;
+        self
+    }
 }
 
 /// Limits of the call protocol on one message connection (`docs/wire-protocol.md` §1.5).
@@ -266,6 +300,10 @@ pub enum Error {
     /// Binding or serving failed.
     #[error("server error: {0}")]
     Serve(String),
+    /// TLS is misconfigured: an `https://` target without `tls_config`, a
+    /// `tls_config` with an `http://` target, or a configuration tonic refuses.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// An I/O error.
     #[error(transparent)]
     Io(#[from] std::io::Error),
@@ -284,7 +322,7 @@ impl Error {
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> tonic::Status {
         match e {
-            Error::InvalidAddress(_) | Error::InvalidTransport(_) => {
+            Error::InvalidAddress(_) | Error::InvalidTransport(_) | Error::Tls(_) => {
                 tonic::Status::invalid_argument(e.to_string())
             }
             _ => tonic::Status::unavailable(e.to_string()),

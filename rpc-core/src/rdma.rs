@@ -2,9 +2,11 @@
 //! [`Channel`] (connect, fallback reasons, reconnect) and of the server
 //! (the rdma_cm listener beside the TCP one).
 
-use crate::client::{ChannelBuilder, Connector, Inner};
+use crate::client::{Connector, Inner};
 use crate::conn::{Connection, FrameReceiver, FrameSender};
+use crate::endpoint::ChannelBuilder;
 use crate::server::Sessions;
+use crate::ticket::TicketStore;
 use crate::{ConnInfo, Error, Router, TransportKind};
 use bytes::Bytes;
 use std::io;
@@ -166,9 +168,13 @@ async fn resolve(addr: &str) -> Result<SocketAddr, Error> {
 }
 
 /// Connects a channel over RDMA; the channel reconnects over RDMA after a
-/// connection loss.
-pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Inner, Error> {
-    connect_channel_at(b, None).await
+/// connection loss. `tls`: the channel's TLS connection, over which each
+/// connection attempt gets its ticket (`crate::ticket`).
+pub(crate) async fn connect_channel(
+    b: &ChannelBuilder,
+    tls: Option<&Inner>,
+) -> Result<Inner, Error> {
+    connect_channel_at(b, None, tls).await
 }
 
 /// As [`connect_channel`], to `port` instead of the target's (an RDMA
@@ -176,6 +182,7 @@ pub(crate) async fn connect_channel(b: &ChannelBuilder) -> Result<Inner, Error> 
 pub(crate) async fn connect_channel_at(
     b: &ChannelBuilder,
     port: Option<u16>,
+    tls: Option<&Inner>,
 ) -> Result<Inner, Error> {
     let mut addr = resolve(&b.host_port()?).await?;
     if let Some(p) = port {
@@ -192,17 +199,30 @@ pub(crate) async fn connect_channel_at(
         ..b.rdma_config.clone().unwrap_or_else(transport_config)
     };
     let session_cfg = b.session.clone();
+    let local = b.local_address;
+    let tls = tls.and_then(|t| match t {
+        Inner::Tcp(ch) => Some(ch.clone()),
+        Inner::Msg(_) => None,
+    });
     let connector: Connector = Arc::new(move || {
         let cfg = cfg.clone();
         let session_cfg = session_cfg.clone();
+        let tls = tls.clone();
         Box::pin(async move {
-            let conn = rdma_transport::connect(addr, &cfg)
-                .await
-                .map_err(|e| Status::unavailable(reason(addr, &e)))?;
-            let info = ConnInfo {
-                transport: TransportKind::Rdma,
-                peer: Some(conn.peer_addr()),
-            };
+            let conn = match &tls {
+                Some(ch) => {
+                    let ticket = crate::ticket::fetch(ch).await.map_err(|why| {
+                        Status::unavailable(format!("no RDMA ticket from {addr} over TLS: {why}"))
+                    })?;
+                    rdma_transport::connect_with_ticket(addr, &cfg, ticket).await
+                }
+                None => match local {
+                    Some(ip) => rdma_transport::connect_from(ip, addr, &cfg).await,
+                    None => rdma_transport::connect(addr, &cfg).await,
+                },
+            }
+            .map_err(|e| Status::unavailable(reason(addr, &e)))?;
+            let info = ConnInfo::new(TransportKind::Rdma, Some(conn.peer_addr()));
             crate::session::start(RdmaConnection(conn), info, session_cfg, None).await
         })
     });
@@ -210,16 +230,22 @@ pub(crate) async fn connect_channel_at(
         .await
         .map_err(|s| Error::RdmaUnavailable(s.message().to_string()))?;
     tracing::info!(%addr, "connected over RDMA");
-    Ok(crate::client::msg_inner(shared, Some(connector)))
+    Ok(crate::client::msg_inner(
+        shared,
+        Some(connector),
+        b.user_agent.clone(),
+    ))
 }
 
 static NO_DEVICE_LOGGED: Once = Once::new();
 
 /// Binds the server's RDMA listener on `addr`, if this host has an RDMA
-/// device for it (else `None`, logged once).
+/// device for it (else `None`, logged once). With `tickets` (a TLS server),
+/// only connect requests presenting a live ticket are admitted.
 pub(crate) async fn bind_listener(
     addr: SocketAddr,
     cfg: rdma_transport::Config,
+    tickets: Option<Arc<TicketStore>>,
 ) -> Option<rdma_transport::Listener> {
     match rdma_transport::devices() {
         Ok(d) if !d.is_empty() => {}
@@ -234,7 +260,18 @@ pub(crate) async fn bind_listener(
             return None;
         }
     }
-    match rdma_transport::Listener::bind(addr, cfg).await {
+    let bound = match tickets {
+        None => rdma_transport::Listener::bind(addr, cfg).await,
+        Some(t) => {
+            let gate: rdma_transport::AdmitGate =
+                Arc::new(move |r: &rdma_transport::AdmitRequest| {
+                    t.claim(r.ticket.as_ref(), std::time::Instant::now())
+                        .map_err(str::to_string)
+                });
+            rdma_transport::Listener::bind_gated(addr, cfg, gate).await
+        }
+    };
+    match bound {
         Ok(l) => Some(l),
         Err(e) => {
             tracing::warn!(%addr, "no RDMA listener ({e}): serving gRPC over TCP only");
@@ -249,6 +286,7 @@ pub(crate) fn spawn_accept(
     mut listener: rdma_transport::Listener,
     router: Router,
     sessions: Sessions,
+    tickets: Option<Arc<TicketStore>>,
     mut stop: tokio::sync::watch::Receiver<bool>,
     tasks: &mut JoinSet<Result<(), Error>>,
 ) -> SocketAddr {
@@ -262,15 +300,26 @@ pub(crate) fn spawn_accept(
             };
             match conn {
                 Ok(conn) => {
+                    let mut info = ConnInfo::new(TransportKind::Rdma, Some(conn.peer_addr()))
+                        .with_local(Some(local));
+                    if let Some(t) = &tickets {
+                        // The gate let it through with a ticket: its TLS identity.
+                        match conn.ticket().and_then(|k| t.take(&k)) {
+                            Some(peer) => info.tls = peer,
+                            None => {
+                                tracing::warn!(peer = %conn.peer_addr(), "RDMA connection without a claimed ticket: closed");
+                                continue;
+                            }
+                        }
+                    }
                     let router = router.clone();
                     let sessions = sessions.clone();
                     tokio::spawn(async move {
-                        let info = ConnInfo {
-                            transport: TransportKind::Rdma,
-                            peer: Some(conn.peer_addr()),
-                        };
                         match router.start_session(RdmaConnection(conn), info).await {
-                            Ok(s) => crate::server::track_session(&sessions, &s),
+                            Ok(s) => {
+                                crate::server::track_session(&sessions, &s);
+                                router.watch_age(&s);
+                            }
                             Err(e) => {
                                 tracing::warn!("RDMA session handshake failed: {}", e.message())
                             }

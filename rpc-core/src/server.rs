@@ -8,6 +8,7 @@ use crate::dispatch::Direct;
 pub use crate::layers::HttpService;
 use crate::layers::{DefaultTimeoutLayer, DynLayer, LayerFn};
 use crate::session::{self, Acceptor, CallFuture, MisbehavedHook, OpenCall, Shared};
+use crate::ticket::TicketStore;
 use crate::{
     frame, timeout, Channel, ConnInfo, Error, PeerMisbehaved, SessionConfig, TransportKind,
 };
@@ -26,10 +27,26 @@ use tonic::{Code, Status};
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
+/// A `trace_fn`: a span for each call, from its request head.
+pub(crate) type TraceFn = Arc<dyn Fn(&http::Request<()>) -> tracing::Span + Send + Sync>;
+
 /// Server configuration; [`Server::builder`] (or `Server::default()`, the
-/// same) starts one.
+/// same) starts one. It has tonic's `Server` surface with the same argument
+/// types; the HTTP/2 side *is* a `tonic::transport::Server` and gets every
+/// HTTP/2 and TCP option unchanged. Each option's docs say what it means on
+/// RDMA connections ("TCP only": no counterpart there).
 #[derive(Clone)]
 pub struct Server {
+    /// The HTTP/2 side: tonic's server with its options.
+    tcp: tonic::transport::Server,
+    /// `tls_config` was given: TCP is TLS only, RDMA needs a ticket.
+    tls: bool,
+    trace: Option<TraceFn>,
+    max_connection_age: Option<Duration>,
+    max_connection_age_grace: Option<Duration>,
+    tcp_keepalive: (Option<Duration>, Option<Duration>, Option<u32>),
+    max_concurrent_streams: Option<u32>,
+    rdma_listen: Option<SocketAddr>,
     session: SessionConfig,
     /// Calls at once per connection, already clamped to `1..=u32::MAX`
     /// ([`calls_limit`]) so that every transport applies the same number.
@@ -47,6 +64,14 @@ impl Default for Server {
     /// As [`Server::builder`].
     fn default() -> Server {
         Server {
+            tcp: tonic::transport::Server::builder(),
+            tls: false,
+            trace: None,
+            max_connection_age: None,
+            max_connection_age_grace: None,
+            tcp_keepalive: (None, None, None),
+            max_concurrent_streams: None,
+            rdma_listen: None,
             session: SessionConfig::default(),
             concurrency_limit: None,
             tcp_nodelay: true,
@@ -72,6 +97,13 @@ impl std::fmt::Debug for Server {
             .field("layers", &self.layers.is_some())
             .field("rdma_config", &self.rdma_config)
             .field("rdma_port", &self.rdma_port)
+            .field("tls", &self.tls)
+            .field("trace_fn", &self.trace.is_some())
+            .field("max_connection_age", &self.max_connection_age)
+            .field("max_connection_age_grace", &self.max_connection_age_grace)
+            .field("tcp_keepalive", &self.tcp_keepalive)
+            .field("max_concurrent_streams", &self.max_concurrent_streams)
+            .field("rdma_listen", &self.rdma_listen)
             .finish()
     }
 }
@@ -150,7 +182,7 @@ impl Server {
     }
 
     /// Adds the service if `Some` (as tonic's `Server::add_optional_service`).
-    pub fn add_optional_service<S>(self, svc: Option<S>) -> Router
+    pub fn add_optional_service<S>(&mut self, svc: Option<S>) -> Router
     where
         S: Service<http::Request<Body>, Error = Infallible>
             + NamedService
@@ -165,9 +197,9 @@ impl Server {
     }
 
     /// Serves already built routes (as tonic's `Server::add_routes`).
-    pub fn add_routes(self, routes: Routes) -> Router {
+    pub fn add_routes(&mut self, routes: Routes) -> Router {
         Router {
-            server: self,
+            server: self.clone(),
             routes,
             direct: Direct::default(),
         }
@@ -181,8 +213,20 @@ impl Server {
     pub fn concurrency_limit_per_connection(mut self, limit: usize) -> Self {
         let limit = calls_limit(limit);
         self.concurrency_limit = Some(limit);
-        self.session.max_concurrent_calls = limit;
+        self.apply_call_limit();
         self
+    }
+
+    /// The calls a message connection's client may open at once: the
+    /// smaller of `concurrency_limit_per_connection` and `max_concurrent_streams`.
+    fn apply_call_limit(&mut self) {
+        let limits = [
+            self.concurrency_limit,
+            self.max_concurrent_streams.map(|m| m.max(1)),
+        ];
+        if let Some(l) = limits.into_iter().flatten().min() {
+            self.session.max_concurrent_calls = l;
+        }
     }
 
     /// Calls `hook` with each peer that violates the call protocol (on RDMA
@@ -205,16 +249,213 @@ impl Server {
 
     /// Call-protocol limits for message connections.
     pub fn session_config(mut self, c: SessionConfig) -> Self {
-        let limit = self.concurrency_limit;
         self.session = c;
-        if let Some(l) = limit {
-            self.session.max_concurrent_calls = l;
-        }
+        self.apply_call_limit();
         self
     }
 
-    /// Adds a tonic-generated service (e.g. `GreeterServer::new(greeter)`).
-    pub fn add_service<S>(self, svc: S) -> Router
+    /// TLS on the TCP side (tonic's `ServerTlsConfig`, as tonic's): HTTP/2
+    /// is then served over TLS only, and the RDMA listener admits only
+    /// clients that got a one-time ticket over an authenticated TLS
+    /// connection (`docs/wire-protocol-rdma.md` §2.4); no queue pair is set
+    /// up for any other connect request. Handlers see the client's
+    /// certificates (`request.peer_certs()`) on both transports. RDMA
+    /// payloads themselves are not encrypted (see the section).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Tls`] if tonic refuses the configuration.
+    #[cfg(feature = "tls")]
+    pub fn tls_config(mut self, tls_config: crate::ServerTlsConfig) -> Result<Self, Error> {
+        self.tcp = self
+            .tcp
+            .tls_config(tls_config)
+            .map_err(|e| Error::Tls(crate::client::error_chain(&e)))?;
+        self.tls = true;
+        Ok(self)
+    }
+
+    /// Answer calls over the connection limit at once with an error instead
+    /// of queueing them (as tonic's). TCP only: an RDMA client knows the
+    /// limit from the handshake and never opens more calls than it allows.
+    pub fn load_shed(mut self, load_shed: bool) -> Self {
+        self.tcp = self.tcp.load_shed(load_shed);
+        self
+    }
+
+    /// The initial per-call flow-control window: the HTTP/2 setting on TCP,
+    /// [`SessionConfig::initial_window`] on message connections.
+    pub fn initial_stream_window_size(mut self, sz: impl Into<Option<u32>>) -> Self {
+        let sz = sz.into();
+        if let Some(w) = sz {
+            self.session.initial_window = w.max(1);
+        }
+        self.tcp = self.tcp.initial_stream_window_size(sz);
+        self
+    }
+
+    /// The initial per-connection flow-control window: the HTTP/2 setting on
+    /// TCP, [`SessionConfig::connection_window`] on message connections.
+    pub fn initial_connection_window_size(mut self, sz: impl Into<Option<u32>>) -> Self {
+        let sz = sz.into();
+        if let Some(w) = sz {
+            self.session.connection_window = w.max(1);
+        }
+        self.tcp = self.tcp.initial_connection_window_size(sz);
+        self
+    }
+
+    /// Calls a client may open at once on one connection: HTTP/2's
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS` on TCP, the call limit of the
+    /// handshake on message connections (with
+    /// [`concurrency_limit_per_connection`](Self::concurrency_limit_per_connection),
+    /// the smaller one).
+    pub fn max_concurrent_streams(mut self, max: impl Into<Option<u32>>) -> Self {
+        let max = max.into();
+        self.max_concurrent_streams = max;
+        self.apply_call_limit();
+        self.tcp = self.tcp.max_concurrent_streams(max);
+        self
+    }
+
+    /// Closes connections gracefully once they are this old (as tonic's): on
+    /// TCP HTTP/2's GOAWAY, on message connections the call protocol's
+    /// GOAWAY; calls in flight finish, clients reconnect for new ones.
+    pub fn max_connection_age(mut self, max_connection_age: Duration) -> Self {
+        self.max_connection_age = Some(max_connection_age);
+        self.tcp = self.tcp.max_connection_age(max_connection_age);
+        self
+    }
+
+    /// After `max_connection_age`, how long calls in flight may take before
+    /// the connection is closed under them (as tonic's), on every transport.
+    pub fn max_connection_age_grace(mut self, grace: Duration) -> Self {
+        self.max_connection_age_grace = Some(grace);
+        self.tcp = self.tcp.max_connection_age_grace(grace);
+        self
+    }
+
+    /// HTTP/2 keepalive PING interval (as tonic's); on RDMA connections the
+    /// transport's keepalive interval (`RdmaConfig::keepalive`).
+    pub fn http2_keepalive_interval(mut self, interval: Option<Duration>) -> Self {
+        if let Some(i) = interval {
+            let mut cfg = self
+                .rdma_config
+                .take()
+                .unwrap_or_else(crate::rdma::transport_config);
+            cfg.keepalive = i;
+            self.rdma_config = Some(cfg);
+        }
+        self.tcp = self.tcp.http2_keepalive_interval(interval);
+        self
+    }
+
+    /// How long a keepalive PING may wait for its answer (as tonic's). On
+    /// RDMA an unanswered keepalive fails at the NIC after its retries.
+    pub fn http2_keepalive_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.tcp = self.tcp.http2_keepalive_timeout(timeout);
+        self
+    }
+
+    /// HTTP/2 adaptive flow-control window (as tonic's). TCP only.
+    pub fn http2_adaptive_window(mut self, enabled: Option<bool>) -> Self {
+        self.tcp = self.tcp.http2_adaptive_window(enabled);
+        self
+    }
+
+    /// HTTP/2 reset-stream limit (as tonic's). TCP only.
+    pub fn http2_max_pending_accept_reset_streams(mut self, max: Option<usize>) -> Self {
+        self.tcp = self.tcp.http2_max_pending_accept_reset_streams(max);
+        self
+    }
+
+    /// HTTP/2 locally reset streams allowed (as tonic's). TCP only.
+    pub fn http2_max_local_error_reset_streams(mut self, max: Option<usize>) -> Self {
+        self.tcp = self.tcp.http2_max_local_error_reset_streams(max);
+        self
+    }
+
+    /// TCP keepalive of accepted connections (as tonic's). RDMA connections
+    /// use the transport's keepalive (`RdmaConfig::keepalive`).
+    pub fn tcp_keepalive(mut self, tcp_keepalive: Option<Duration>) -> Self {
+        self.tcp_keepalive.0 = tcp_keepalive;
+        self.tcp = self.tcp.tcp_keepalive(tcp_keepalive);
+        self
+    }
+
+    /// TCP keepalive probe interval (as tonic's). TCP only.
+    pub fn tcp_keepalive_interval(mut self, interval: Option<Duration>) -> Self {
+        self.tcp_keepalive.1 = interval;
+        self.tcp = self.tcp.tcp_keepalive_interval(interval);
+        self
+    }
+
+    /// TCP keepalive probe count (as tonic's). TCP only.
+    pub fn tcp_keepalive_retries(mut self, retries: Option<u32>) -> Self {
+        self.tcp_keepalive.2 = retries;
+        self.tcp = self.tcp.tcp_keepalive_retries(retries);
+        self
+    }
+
+    /// `TCP_NODELAY` on accepted connections (default on, as tonic's). TCP
+    /// only: RDMA sends each message when it is posted.
+    pub fn tcp_nodelay(mut self, enabled: bool) -> Self {
+        self.tcp_nodelay = enabled;
+        self.tcp = self.tcp.tcp_nodelay(enabled);
+        self
+    }
+
+    /// Largest request metadata accepted (as tonic's): the HTTP/2 setting on
+    /// TCP, [`SessionConfig::max_metadata_bytes`] on message connections.
+    pub fn http2_max_header_list_size(mut self, max: impl Into<Option<u32>>) -> Self {
+        let max = max.into();
+        if let Some(m) = max {
+            self.session.max_metadata_bytes = m.max(1);
+        }
+        self.tcp = self.tcp.http2_max_header_list_size(max);
+        self
+    }
+
+    /// Largest HTTP/2 frame (as tonic's). TCP only: on message connections
+    /// DATA frames are at most [`SessionConfig::max_data_frame`].
+    pub fn max_frame_size(mut self, frame_size: impl Into<Option<u32>>) -> Self {
+        self.tcp = self.tcp.max_frame_size(frame_size);
+        self
+    }
+
+    /// Also serve HTTP/1.1 (grpc-web behind its layer), as tonic's. TCP only.
+    pub fn accept_http1(mut self, accept_http1: bool) -> Self {
+        self.tcp = self.tcp.accept_http1(accept_http1);
+        self
+    }
+
+    /// A `tracing` span for each call, from its request head (method, URI,
+    /// metadata), as tonic's; on message connections too, where the head is
+    /// the call's path and metadata.
+    pub fn trace_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::Request<()>) -> tracing::Span + Send + Sync + 'static,
+    {
+        let f: TraceFn = Arc::new(f);
+        let g = f.clone();
+        self.tcp = self.tcp.trace_fn(move |r| g(r));
+        self.trace = Some(f);
+        self
+    }
+
+    /// Where [`Router::serve_with_incoming`] listens for RDMA beside the
+    /// HTTP/2 connections it is given (default: it serves no RDMA, since an
+    /// incoming stream has no address). `serve` and `start` listen for RDMA
+    /// at their own address and ignore this.
+    pub fn rdma_listen_addr(mut self, addr: SocketAddr) -> Self {
+        self.rdma_listen = Some(addr);
+        self
+    }
+
+    /// Adds a tonic-generated service (e.g. `GreeterServer::new(greeter)`);
+    /// as tonic's, it takes `&mut self` and the router gets a copy of this
+    /// configuration.
+    pub fn add_service<S>(&mut self, svc: S) -> Router
     where
         S: Service<http::Request<Body>, Error = Infallible>
             + NamedService
@@ -283,23 +524,177 @@ impl Router {
 
     /// Serves on `addr` until the process ends: RDMA (when the address has an
     /// RDMA device) and HTTP/2 on TCP at the same port.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Serve`] if the address cannot be bound or serving fails.
     pub async fn serve(self, addr: SocketAddr) -> Result<(), Error> {
         self.serve_with_shutdown(addr, std::future::pending()).await
     }
 
-    /// As [`serve`](Self::serve), until `signal` completes; then stops
-    /// accepting, lets in-flight calls finish and returns.
+    /// As [`serve`](Self::serve), until `signal` completes (any future, as
+    /// tonic's: `notify.notified()` too); then stops accepting, lets
+    /// in-flight calls finish and returns.
+    ///
+    /// # Errors
+    ///
+    /// As [`serve`](Self::serve).
     pub async fn serve_with_shutdown<F>(self, addr: SocketAddr, signal: F) -> Result<(), Error>
     where
-        F: Future<Output = ()> + Send + 'static,
+        F: Future<Output = ()>,
     {
         let handle = self.start(addr).await?;
         signal.await;
         handle.shutdown().await
     }
 
+    /// Serves HTTP/2 over the connections `incoming` yields (as tonic's:
+    /// a `TcpIncoming`, a TLS or Unix-socket stream, an in-process
+    /// `tokio::io::duplex` end...), until the stream ends. An incoming
+    /// stream has no address to listen for RDMA at, so RDMA is served beside
+    /// it only when [`Server::rdma_listen_addr`] names one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Serve`] if serving fails.
+    pub async fn serve_with_incoming<I, IO, IE>(self, incoming: I) -> Result<(), Error>
+    where
+        I: futures::Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<BoxError>,
+    {
+        self.serve_with_incoming_shutdown(incoming, std::future::pending())
+            .await
+    }
+
+    /// As [`serve_with_incoming`](Self::serve_with_incoming), until `signal`
+    /// completes; then stops, letting in-flight calls finish.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Serve`] if serving fails.
+    pub async fn serve_with_incoming_shutdown<I, IO, IE, F>(
+        self,
+        incoming: I,
+        signal: F,
+    ) -> Result<(), Error>
+    where
+        I: futures::Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<BoxError>,
+        F: Future<Output = ()>,
+    {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut tasks = JoinSet::new();
+        let sessions: Sessions = Arc::new(Mutex::new(Vec::new()));
+        let rdma_port = Arc::new(std::sync::atomic::AtomicU16::new(0));
+        let tickets = self.tickets();
+        let mut rdma = None;
+        if let Some(addr) = self.server.rdma_listen.filter(|_| !self.server.tcp_only) {
+            let cfg = self
+                .server
+                .rdma_config
+                .clone()
+                .unwrap_or_else(crate::rdma::transport_config);
+            if let Some(l) = crate::rdma::bind_listener(addr, cfg, tickets.clone()).await {
+                let a = crate::rdma::spawn_accept(
+                    l,
+                    self.clone(),
+                    sessions.clone(),
+                    tickets.clone(),
+                    stop_rx.clone(),
+                    &mut tasks,
+                );
+                rdma_port.store(a.port(), std::sync::atomic::Ordering::Release);
+                rdma = Some(a);
+            }
+        }
+        self.spawn_http2(incoming, rdma_port, tickets, stop_rx, &mut tasks);
+        tracing::info!(rdma = ?rdma, "serving the given connections");
+        let handle = ServingHandle {
+            local: SocketAddr::from(([0, 0, 0, 0], 0)),
+            rdma,
+            stop: stop_tx,
+            tasks,
+            sessions,
+        };
+        handle.run_until(signal).await
+    }
+
+    /// The ticket table of a TLS server (`crate::ticket`), else `None`.
+    fn tickets(&self) -> Option<Arc<TicketStore>> {
+        self.server.tls.then(|| Arc::new(TicketStore::default()))
+    }
+
+    /// Serves HTTP/2 (tonic's server, with this server's options, deadlines
+    /// and layers) over `incoming` until `stop`.
+    fn spawn_http2<I, IO, IE>(
+        &self,
+        incoming: I,
+        rdma_port: Arc<std::sync::atomic::AtomicU16>,
+        tickets: Option<Arc<TicketStore>>,
+        stop: tokio::sync::watch::Receiver<bool>,
+        tasks: &mut JoinSet<Result<(), Error>>,
+    ) where
+        I: futures::Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<BoxError>,
+    {
+        let mut tonic_server = self.server.tcp.clone();
+        if let Some(l) = self.server.concurrency_limit {
+            let l = usize::try_from(l).unwrap_or(usize::MAX);
+            tonic_server = tonic_server.concurrency_limit_per_connection(l);
+        }
+        // Deadlines as on the message transports: DEADLINE_EXCEEDED (not
+        // tonic's CANCELLED "Timeout expired"), over the whole call.
+        let mut tonic_server = tonic_server
+            .layer(DefaultTimeoutLayer(self.server.timeout))
+            .layer(crate::tcp::ServerDeadlineLayer)
+            .layer(DynLayer(self.server.layers.clone()));
+        let mut routes = self
+            .routes
+            .clone()
+            .add_service(crate::discovery::RdmaEndpointService { port: rdma_port });
+        if let Some(store) = tickets {
+            // Over TLS only (a TLS server serves HTTP/2 over nothing else).
+            routes = routes.add_service(crate::ticket::TicketService { store });
+        }
+        let mut rx = stop;
+        tasks.spawn(async move {
+            tonic_server
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                })
+                .await
+                .map_err(|e| Error::Serve(format!("TCP: {}", crate::client::error_chain(&e))))
+        });
+    }
+
     /// Binds and starts serving in the background; the handle tells the bound
     /// address (useful with port 0) and shuts the server down.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Serve`] if the address cannot be bound.
     pub async fn start(self, addr: SocketAddr) -> Result<ServingHandle, Error> {
         // Bind TCP first (port 0 picks the port both transports use), set up
         // the RDMA listener on that port, and only then listen on TCP: once
@@ -311,16 +706,7 @@ impl Router {
 
         // The RDMA port, told to clients by the TCP side (§3); 0 = none.
         let rdma_port = Arc::new(std::sync::atomic::AtomicU16::new(0));
-        let this = Router {
-            server: self.server.clone(),
-            routes: self
-                .routes
-                .clone()
-                .add_service(crate::discovery::RdmaEndpointService {
-                    port: rdma_port.clone(),
-                }),
-            direct: self.direct.clone(),
-        };
+        let tickets = self.tickets();
         let cfg = self
             .server
             .rdma_config
@@ -330,7 +716,7 @@ impl Router {
         let mut rdma_listener = if self.server.tcp_only {
             None
         } else {
-            crate::rdma::bind_listener(local, cfg.clone()).await
+            crate::rdma::bind_listener(local, cfg.clone(), tickets.clone()).await
         };
         let listener = match socket.listen(1024) {
             Ok(l) => l,
@@ -342,7 +728,7 @@ impl Router {
                 drop(rdma_listener.take());
                 let l = listen_retrying(local).await?;
                 let alt = SocketAddr::new(local.ip(), self.server.rdma_port.unwrap_or(0));
-                rdma_listener = crate::rdma::bind_listener(alt, cfg).await;
+                rdma_listener = crate::rdma::bind_listener(alt, cfg, tickets.clone()).await;
                 if let Some(r) = &rdma_listener {
                     tracing::info!(
                         tcp = %local,
@@ -358,8 +744,9 @@ impl Router {
         let rdma = rdma_listener.map(|l| {
             crate::rdma::spawn_accept(
                 l,
-                this.clone(),
+                self.clone(),
                 sessions.clone(),
+                tickets.clone(),
                 stop_rx.clone(),
                 &mut tasks,
             )
@@ -368,32 +755,14 @@ impl Router {
             rdma.map_or(0, |a| a.port()),
             std::sync::atomic::Ordering::Release,
         );
-        let self_ = this;
-        let mut tonic_server = tonic::transport::Server::builder();
-        if let Some(l) = self_.server.concurrency_limit {
-            let l = usize::try_from(l).unwrap_or(usize::MAX);
-            tonic_server = tonic_server.concurrency_limit_per_connection(l);
-        }
-        // Deadlines as on the message transports: DEADLINE_EXCEEDED (not
-        // tonic's CANCELLED "Timeout expired"), over the whole call.
-        let mut tonic_server = tonic_server
-            .layer(DefaultTimeoutLayer(self_.server.timeout))
-            .layer(crate::tcp::ServerDeadlineLayer)
-            .layer(DynLayer(self_.server.layers.clone()));
+        let (keepalive, interval, retries) = self.server.tcp_keepalive;
         let incoming = tonic::transport::server::TcpIncoming::from(listener)
-            .with_nodelay(Some(self_.server.tcp_nodelay));
-        let mut rx = stop_rx.clone();
-        let routes = self_.routes.clone();
-        tasks.spawn(async move {
-            tonic_server
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await
-                .map_err(|e| Error::Serve(format!("TCP: {}", crate::client::error_chain(&e))))
-        });
-        tracing::info!(addr = %local, rdma = rdma.is_some(), "serving");
+            .with_nodelay(Some(self.server.tcp_nodelay))
+            .with_keepalive(keepalive)
+            .with_keepalive_interval(interval)
+            .with_keepalive_retries(retries);
+        self.spawn_http2(incoming, rdma_port, tickets, stop_rx, &mut tasks);
+        tracing::info!(addr = %local, rdma = rdma.is_some(), tls = self.server.tls, "serving");
         Ok(ServingHandle {
             local,
             rdma,
@@ -420,6 +789,32 @@ impl Router {
         .map_err(|s| Error::Handshake(s.message().to_string()))?;
         drop(shared);
         Ok(())
+    }
+
+    /// A message connection just started: closed gracefully once it is
+    /// `max_connection_age` old (after `max_connection_age_grace` more, even
+    /// with calls in flight), as tonic does on HTTP/2.
+    pub(crate) fn watch_age(&self, s: &Arc<Shared>) {
+        let Some(age) = self.server.max_connection_age else {
+            return;
+        };
+        let grace = self.server.max_connection_age_grace;
+        let weak = Arc::downgrade(s);
+        tokio::spawn(async move {
+            tokio::time::sleep(age).await;
+            let Some(s) = weak.upgrade() else { return };
+            let drain = s.drain_because("max_connection_age reached");
+            match grace {
+                None => drain.await,
+                Some(g) => {
+                    if tokio::time::timeout(g, drain).await.is_err() {
+                        s.fail(Status::unavailable(
+                            "connection closed: max_connection_age and its grace period passed",
+                        ));
+                    }
+                }
+            }
+        });
     }
 
     pub(crate) async fn start_session<C: Connection>(
@@ -459,6 +854,7 @@ impl Router {
             )))),
         };
         let default_timeout = self.server.timeout;
+        let trace = self.server.trace.clone();
         Acceptor {
             accept: Arc::new(move |shared: Arc<Shared>, mut call: OpenCall| {
                 let svc = svc.clone();
@@ -469,7 +865,14 @@ impl Router {
                 // as its own task. Boxed once here, so that neither moves
                 // the whole call state (`tokio::spawn` of the bare future
                 // copied it three times, ~2 k instructions per call).
-                Box::pin(handle_call(svc, shared, call)) as CallFuture
+                match &trace {
+                    None => Box::pin(handle_call(svc, shared, call)) as CallFuture,
+                    Some(f) => {
+                        use tracing::Instrument;
+                        let span = f(&call_head(&call));
+                        Box::pin(handle_call(svc, shared, call).instrument(span)) as CallFuture
+                    }
+                }
             }),
             on_misbehaved: self.server.on_misbehaved.clone(),
         }
@@ -558,7 +961,27 @@ impl ServingHandle {
         while self.tasks.join_next().await.is_some() {}
     }
 
+    /// Serves until `signal`, or until a serving task ends (an incoming
+    /// stream that ended, a failure); then shuts down.
+    async fn run_until<F: Future<Output = ()>>(mut self, signal: F) -> Result<(), Error> {
+        let ended = tokio::select! {
+            _ = signal => None,
+            r = self.tasks.join_next() => r,
+        };
+        let first = match ended {
+            Some(Ok(Err(e))) => Err(e),
+            Some(Err(e)) if e.is_panic() => Err(Error::Serve(format!("task panicked: {e}"))),
+            _ => Ok(()),
+        };
+        let rest = self.shutdown().await;
+        first.and(rest)
+    }
+
     /// Stops accepting, lets in-flight calls finish, closes connections.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Serve`] if a serving task failed.
     pub async fn shutdown(mut self) -> Result<(), Error> {
         let _ = self.stop.send(true);
         drain_sessions(&self.sessions).await;
@@ -595,10 +1018,7 @@ impl MemoryServer {
     /// Opens a new in-memory connection to the server.
     pub async fn channel(&self) -> Result<Channel, Error> {
         let (a, b) = conn::mem::pair();
-        let info = ConnInfo {
-            transport: TransportKind::Memory,
-            peer: None,
-        };
+        let info = ConnInfo::new(TransportKind::Memory, None);
         let router = self.router.clone();
         let sessions = self.sessions.clone();
         let server = tokio::spawn(async move {
@@ -710,7 +1130,7 @@ async fn handle_call(mut routes: CallService, shared: Arc<Shared>, call: OpenCal
         }
     }
     *req.headers_mut() = metadata;
-    req.extensions_mut().insert(shared.info.clone());
+    insert_conn_info(req.extensions_mut(), &shared.info);
 
     let work = async {
         let resp = routes.call(req).await;
@@ -777,6 +1197,37 @@ async fn handle_call(mut routes: CallService, shared: Arc<Shared>, call: OpenCal
         None => work.await,
     }
     // `_end` finishes the call.
+}
+
+/// What tonic's HTTP/2 server puts in a request's extensions, for a call on a
+/// message connection: `TcpConnectInfo` (so `remote_addr()` and
+/// `local_addr()` answer with the RDMA peer's and this side's IP:port) and,
+/// on a connection admitted through TLS, the TLS peer's `TlsConnectInfo`
+/// (so `peer_certs()` answers); and the [`ConnInfo`].
+fn insert_conn_info(ext: &mut http::Extensions, info: &ConnInfo) {
+    if info.peer.is_some() || info.local.is_some() {
+        ext.insert(tonic::transport::server::TcpConnectInfo {
+            local_addr: info.local,
+            remote_addr: info.peer,
+        });
+    }
+    #[cfg(feature = "tls")]
+    if let Some(tls) = &info.tls {
+        ext.insert((*tls.0).clone());
+    }
+    ext.insert(info.clone());
+}
+
+/// A call's head as an `http::Request<()>`, for a `trace_fn`.
+fn call_head(call: &OpenCall) -> http::Request<()> {
+    let mut r = http::Request::new(());
+    *r.method_mut() = http::Method::POST;
+    *r.version_mut() = http::Version::HTTP_2;
+    if let Ok(uri) = http::Uri::try_from(call.path.as_str()) {
+        *r.uri_mut() = uri;
+    }
+    *r.headers_mut() = call.metadata.clone();
+    r
 }
 
 /// Ends a server call when its `handle_call` ends, however it ends: after

@@ -195,7 +195,7 @@ fn io_status(what: &str, info: &ConnInfo, e: &io::Error) -> Status {
     } else {
         tonic::Code::Unavailable
     };
-    Status::new(
+    let st = Status::new(
         code,
         format!(
             "{what} {} connection to {}: {e}",
@@ -203,7 +203,21 @@ fn io_status(what: &str, info: &ConnInfo, e: &io::Error) -> Status {
             info.peer
                 .map_or_else(|| "peer".to_string(), |p| p.to_string())
         ),
-    )
+    );
+    match e.kind() {
+        io::ErrorKind::OutOfMemory | io::ErrorKind::InvalidData => st,
+        _ => broken_pipe(st),
+    }
+}
+
+/// A connection that the peer closed or lost: the status' `source()` is an
+/// `io::Error` of kind `BrokenPipe`, which is what a tonic handler finds in
+/// the source chain of its request stream's error when an HTTP/2 client
+/// goes away (tonic's streaming example looks for exactly that).
+fn broken_pipe(mut st: Status) -> Status {
+    let e = io::Error::new(io::ErrorKind::BrokenPipe, st.message().to_string());
+    st.set_source(Arc::new(e));
+    st
 }
 
 /// Handshake (§1.1): both sides send HELLO first, then wait for the peer's.
@@ -397,11 +411,11 @@ fn handle_next(
     let bytes = match next {
         Ok(Some(b)) => b,
         Ok(None) => {
-            return Some(Status::unavailable(format!(
+            return Some(broken_pipe(Status::unavailable(format!(
                 "{} connection closed by the peer {}",
                 shared.info.transport,
                 shared.info.peer.map_or_else(String::new, |p| p.to_string())
-            )))
+            ))))
         }
         Err(e) => {
             if e.kind() == std::io::ErrorKind::InvalidData {
@@ -752,12 +766,17 @@ impl Shared {
 
     /// Server: starts sending GOAWAY and refuses new calls; returns once the calls drained.
     pub(crate) async fn drain(&self) {
+        self.drain_because("server shutting down").await
+    }
+
+    /// As [`drain`](Self::drain), with `why` in the GOAWAY.
+    pub(crate) async fn drain_because(&self, why: &str) {
         let last = {
             let mut s = lock(&self.state);
             s.draining = true;
             s.last_peer_stream
         };
-        self.send_ctrl(frame::encode_goaway(last, 0, "server shutting down"));
+        self.send_ctrl(frame::encode_goaway(last, 0, why));
         loop {
             let notified = self.changed.notified();
             {
@@ -1031,10 +1050,7 @@ mod tests {
             on_misbehaved: None,
         };
         let (a, b) = crate::conn::mem::pair();
-        let info = ConnInfo {
-            transport: crate::TransportKind::Memory,
-            peer: None,
-        };
+        let info = ConnInfo::new(crate::TransportKind::Memory, None);
         let server = start(b, info, SessionConfig::default(), Some(acceptor));
         let (mut tx, mut rx) = a.split();
         let raw = async {

@@ -67,7 +67,9 @@ async fn spreads_and_follows_discovery_over_tcp() {
     for (i, r) in rs.iter().enumerate() {
         tx.send(Change::Insert(
             i,
-            Channel::builder(r.addr()).transport(Transport::TcpOnly),
+            Channel::from_shared(r.addr().to_string())
+                .unwrap()
+                .transport(Transport::TcpOnly),
         ))
         .await
         .unwrap();
@@ -101,7 +103,9 @@ async fn spreads_and_follows_discovery_over_tcp() {
     rs.push(Replica::start("127.0.0.1").await);
     tx.send(Change::Insert(
         3,
-        Channel::builder(format!("http://{}", rs[3].addr())).transport(Transport::TcpOnly),
+        Channel::from_shared(format!("http://{}", rs[3].addr()))
+            .unwrap()
+            .transport(Transport::TcpOnly),
     ))
     .await
     .unwrap();
@@ -122,10 +126,11 @@ async fn balance_list_spreads() {
     }
     // Auto endpoints: each picks its transport (TCP here: no RDMA device on
     // the host, or loopback has no RDMA route).
-    let ch = Channel::balance_list(
-        rs.iter()
-            .map(|r| Channel::builder(r.addr()).no_rdma_reprobe()),
-    );
+    let ch = Channel::balance_list(rs.iter().map(|r| {
+        Channel::from_shared(r.addr().to_string())
+            .unwrap()
+            .no_rdma_reprobe()
+    }));
     calls(&ch, 300, 4).await;
     let c = counts(&rs);
     println!(
@@ -166,9 +171,12 @@ async fn rdma_server_killed_and_added() {
     }
     let (ch, tx) = Channel::balance_channel::<usize>(16);
     for (i, r) in rs.iter().enumerate() {
-        tx.send(Change::Insert(i, Channel::builder(r.addr())))
-            .await
-            .unwrap();
+        tx.send(Change::Insert(
+            i,
+            Channel::from_shared(r.addr().to_string()).unwrap(),
+        ))
+        .await
+        .unwrap();
     }
     let issued = Arc::new(AtomicUsize::new(0));
     let ok = Arc::new(AtomicUsize::new(0));
@@ -203,9 +211,12 @@ async fn rdma_server_killed_and_added() {
     let killed = rs[1].addr().to_string();
     rs[1].handle.take().unwrap().abort().await;
     rs.push(Replica::start(&ip).await);
-    tx.send(Change::Insert(3, Channel::builder(rs[3].addr())))
-        .await
-        .unwrap();
+    tx.send(Change::Insert(
+        3,
+        Channel::from_shared(rs[3].addr().to_string()).unwrap(),
+    ))
+    .await
+    .unwrap();
     for w in workers {
         tokio::time::timeout(Duration::from_secs(600), w)
             .await

@@ -24,7 +24,11 @@ fn endpoint(fx: &Fixture, test: &str, uri: bool) -> Option<ChannelBuilder> {
     } else {
         addr.to_string()
     };
-    Some(Channel::builder(target).transport(t))
+    Some(
+        Channel::from_shared(target.to_string())
+            .unwrap()
+            .transport(t),
+    )
 }
 
 fn delayed(ms: u32) -> EchoRequest {
@@ -40,14 +44,24 @@ async fn channel_accepts_uris(fx: Fixture) {
     };
     let (addr, t) = fx.target().unwrap();
     let uri: http::Uri = format!("http://{addr}").parse().unwrap();
-    let via_uri = Channel::builder(&uri).transport(t).connect().await.unwrap();
+    // tonic's signature: `Channel::builder(Uri)`, with `.parse().unwrap()` inferred.
+    let via_uri = Channel::builder(uri.to_string().parse().unwrap())
+        .transport(t)
+        .connect()
+        .await
+        .unwrap();
     let via_shared = Channel::from_shared(format!("http://{addr}/"))
         .unwrap()
         .transport(t)
         .connect()
         .await
         .unwrap();
-    let via_hostport = Channel::builder(addr).transport(t).connect().await.unwrap();
+    let via_hostport = Channel::from_shared(addr.to_string())
+        .unwrap()
+        .transport(t)
+        .connect()
+        .await
+        .unwrap();
     for ch in [via_uri, via_shared, via_hostport] {
         let kind = ch.transport().kind;
         assert_eq!(
@@ -63,9 +77,18 @@ async fn channel_accepts_uris(fx: Fixture) {
             .await
             .unwrap();
     }
+    // https:// parses (as with tonic), but needs tls_config: a clear error at
+    // connect, never a panic.
+    let e = Channel::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .transport(t)
+        .connect()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, rpc_core::Error::Tls(_)), "{e}");
+    println!("https without tls_config: {e}");
     for bad in [
-        format!("https://{addr}"),
-        format!("http://{}", addr.ip()),
+        format!("ftp://{addr}"),
         format!("http://{addr}/some/path"),
         "no-port".to_string(),
     ] {
@@ -178,7 +201,8 @@ async fn channel_connect_lazy(fx: Fixture) {
         let l = std::net::TcpListener::bind((addr.ip(), 0)).unwrap();
         l.local_addr().unwrap()
     };
-    let ch = Channel::builder(free)
+    let ch = Channel::from_shared(free.to_string())
+        .unwrap()
         .transport(t)
         .rdma_connect_timeout(Duration::from_secs(5))
         .connect_lazy();
@@ -212,7 +236,8 @@ async fn rdma_config_is_used(fx: Fixture) {
         recv_slots: 1,
         ..Default::default()
     };
-    let e = Channel::builder(addr)
+    let e = Channel::from_shared(addr.to_string())
+        .unwrap()
         .transport(t)
         .rdma_config(bad.clone())
         .connect()
@@ -224,7 +249,8 @@ async fn rdma_config_is_used(fx: Fixture) {
         recv_slots: 8,
         ..Default::default()
     };
-    let ch = Channel::builder(addr)
+    let ch = Channel::from_shared(addr.to_string())
+        .unwrap()
         .transport(t)
         .rdma_config(small)
         .connect()
@@ -276,7 +302,8 @@ async fn channel_connect_timeout() {
     // The default connect timeout is 5 s; 4 s bounds this one (200 ms) loosely.
     let r = tokio::time::timeout(
         Duration::from_secs(4),
-        Channel::builder(addr)
+        Channel::from_shared(addr.to_string())
+            .unwrap()
             .transport(rpc_core::Transport::TcpOnly)
             .connect_timeout(Duration::from_millis(200))
             .connect(),
@@ -289,7 +316,7 @@ async fn channel_connect_timeout() {
     drop(l);
 }
 
-fn with_echo(server: Server, stats: Arc<rpc_examples::echo::EchoStats>) -> rpc_core::Router {
+fn with_echo(mut server: Server, stats: Arc<rpc_examples::echo::EchoStats>) -> rpc_core::Router {
     server.add_service(EchoServer::new(rpc_examples::echo::EchoService { stats }))
 }
 

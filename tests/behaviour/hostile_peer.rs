@@ -101,10 +101,7 @@ impl Harness {
         let mut link = match &self.net {
             None => {
                 let (a, b) = mem::pair();
-                let info = ConnInfo {
-                    transport: TransportKind::Memory,
-                    peer: None,
-                };
+                let info = ConnInfo::new(TransportKind::Memory, None);
                 let r = self.router.clone();
                 tokio::spawn(async move { r.serve_connection(b, info).await });
                 let (tx, rx) = a.split();
@@ -156,7 +153,8 @@ impl Harness {
     async fn others_still_work(&self) {
         let ch = match (&self.memory, &self.net) {
             (Some(m), _) => m.channel().await.unwrap(),
-            (_, Some(h)) => rpc_core::Channel::builder(h.rdma_addr().unwrap().to_string())
+            (_, Some(h)) => rpc_core::Channel::from_shared(h.rdma_addr().unwrap().to_string())
+                .unwrap()
                 .transport(rpc_core::Transport::RdmaOnly)
                 .connect()
                 .await

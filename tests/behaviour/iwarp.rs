@@ -33,7 +33,8 @@ async fn server_starts_and_clients_reach_rdma_on_every_device() {
         assert_eq!(rdma.port(), tcp.port(), "RoCE keeps the same port");
     }
     for policy in [Transport::Auto, Transport::RdmaOnly] {
-        let ch = Channel::builder(tcp)
+        let ch = Channel::from_shared(tcp.to_string())
+            .unwrap()
             .transport(policy)
             .connect()
             .await
@@ -45,7 +46,8 @@ async fn server_starts_and_clients_reach_rdma_on_every_device() {
             .await
             .unwrap();
     }
-    let ch = Channel::builder(tcp)
+    let ch = Channel::from_shared(tcp.to_string())
+        .unwrap()
         .transport(Transport::TcpOnly)
         .connect()
         .await

@@ -41,7 +41,8 @@ async fn auto_channel_moves_to_rdma_when_it_comes_up() {
         .await
         .unwrap();
     let addr = server.local_addr();
-    let ch = Channel::builder(addr)
+    let ch = Channel::from_shared(addr.to_string())
+        .unwrap()
         .rdma_reprobe(Duration::from_millis(200), Duration::from_millis(800))
         .connect()
         .await
@@ -82,10 +83,7 @@ async fn auto_channel_moves_to_rdma_when_it_comes_up() {
         .expect("RDMA listener on the server's port");
     let accept = tokio::spawn(async move {
         while let Ok(conn) = listener.accept().await {
-            let info = ConnInfo {
-                transport: TransportKind::Rdma,
-                peer: Some(conn.peer_addr()),
-            };
+            let info = ConnInfo::new(TransportKind::Rdma, Some(conn.peer_addr()));
             rdma_router
                 .serve_connection(rpc_core::__private::RdmaConnection::new(conn), info)
                 .await

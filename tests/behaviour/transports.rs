@@ -48,7 +48,8 @@ async fn fallback_reason_when_no_device() {
         "no RDMA listener without a device"
     );
     let addr = server.local_addr().to_string();
-    let ch = Channel::builder(&addr)
+    let ch = Channel::from_shared(addr.to_string())
+        .unwrap()
         .transport(Transport::Auto)
         .connect()
         .await
@@ -70,7 +71,8 @@ async fn fallback_reason_when_no_device() {
         .unwrap();
 
     // RdmaOnly refuses to fall back, with a clear Unavailable.
-    let err = Channel::builder(&addr)
+    let err = Channel::from_shared(addr.to_string())
+        .unwrap()
         .transport(Transport::RdmaOnly)
         .connect()
         .await
@@ -94,10 +96,15 @@ async fn rdma_write_path_and_mixed_clients() {
     assert!(server.rdma_addr().is_some(), "RDMA listener up");
 
     // Auto picks RDMA.
-    let rdma = Channel::builder(&addr).connect().await.unwrap();
+    let rdma = Channel::from_shared(addr.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     assert_eq!(rdma.transport().to_string(), "rdma");
     // Forced TCP, ours.
-    let tcp = Channel::builder(&addr)
+    let tcp = Channel::from_shared(addr.to_string())
+        .unwrap()
         .transport(Transport::TcpOnly)
         .connect()
         .await
@@ -173,7 +180,11 @@ async fn fallback_when_server_is_tcp_only() {
         .unwrap();
     assert!(handle.rdma_addr().is_none());
     let addr = handle.local_addr().to_string();
-    let ch = Channel::builder(&addr).connect().await.unwrap();
+    let ch = Channel::from_shared(addr.to_string())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     assert_eq!(ch.transport().kind, TransportKind::Tcp);
     let reason = ch.transport().fallback_reason.clone().unwrap();
     assert!(reason.contains("does not accept RDMA"), "{reason}");
@@ -182,7 +193,8 @@ async fn fallback_when_server_is_tcp_only() {
         .await
         .unwrap();
 
-    let err = Channel::builder(&addr)
+    let err = Channel::from_shared(addr.to_string())
+        .unwrap()
         .transport(Transport::RdmaOnly)
         .connect()
         .await
@@ -210,7 +222,8 @@ async fn reconnect_after_connection_loss() {
         .await
         .unwrap();
     let addr = server.local_addr();
-    let ch = Channel::builder(addr.to_string())
+    let ch = Channel::from_shared(addr.to_string())
+        .unwrap()
         .transport(Transport::RdmaOnly)
         .connect()
         .await

@@ -43,7 +43,8 @@ pub async fn start_server(ip: &str, port: u16) -> (ServingHandle, Arc<EchoStats>
 
 /// A channel that only uses RDMA.
 pub async fn rdma_channel(addr: &str) -> Channel {
-    let ch = Channel::builder(addr)
+    let ch = Channel::from_shared(addr.to_string())
+        .unwrap()
         .transport(Transport::RdmaOnly)
         .connect()
         .await

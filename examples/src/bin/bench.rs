@@ -1045,8 +1045,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                         args.addr
                     )),
                     Ok(_) => {
-                        let mut b =
-                            Channel::builder(addr.clone().unwrap()).transport(Transport::RdmaOnly);
+                        let mut b = Channel::from_shared(addr.clone().unwrap().to_string())
+                            .unwrap()
+                            .transport(Transport::RdmaOnly);
                         if let Some(c) = args.rdma_config() {
                             b = b.rdma_config(c);
                         }
@@ -1060,7 +1061,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     }
                 }
             }
-            PathKind::TcpFallback => Channel::builder(addr.clone().unwrap())
+            PathKind::TcpFallback => Channel::from_shared(addr.clone().unwrap().to_string())
+                .unwrap()
                 .transport(Transport::TcpOnly)
                 .connect()
                 .await

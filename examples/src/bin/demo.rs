@@ -61,7 +61,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     );
 
-    let mut builder = Channel::builder(addr.to_string());
+    let mut builder = Channel::from_shared(addr.to_string()).unwrap();
     if let Some(t) = args.transport {
         builder = builder.transport(t);
     }

@@ -24,7 +24,7 @@ struct Args {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     rpc_examples::init_tracing();
     let args = Args::parse();
-    let mut builder = Channel::builder(args.addr);
+    let mut builder = Channel::from_shared(args.addr).unwrap();
     if let Some(t) = args.transport {
         builder = builder.transport(t);
     }

@@ -155,7 +155,7 @@ fn random_point() -> Point {
 async fn main() -> Result<(), Box<dyn Error>> {
     rpc_examples::init_tracing();
     let args = Args::parse();
-    let mut builder = Channel::builder(args.addr);
+    let mut builder = Channel::from_shared(args.addr).unwrap();
     if let Some(t) = args.transport {
         builder = builder.transport(t);
     }

@@ -680,7 +680,9 @@ async fn connect_one(
     device_pool: bool,
 ) -> Result<(Client, Duration), String> {
     let t = Instant::now();
-    let mut b = Channel::builder(target.clone()).transport(Transport::RdmaOnly);
+    let mut b = Channel::from_shared(target.clone().to_string())
+        .unwrap()
+        .transport(Transport::RdmaOnly);
     if !device_pool {
         b = b.rdma_config(rdma_transport::Config {
             max_message_bytes: rpc_core::MAX_RDMA_FRAME,
