@@ -569,7 +569,7 @@ impl Router {
         IO::ConnectInfo: Clone + Send + Sync + 'static,
         IE: Into<BoxError>,
     {
-        self.serve_with_incoming_shutdown(incoming, std::future::pending())
+        self.serve_incoming(incoming, None::<std::future::Pending<()>>)
             .await
     }
 
@@ -596,6 +596,26 @@ impl Router {
         IE: Into<BoxError>,
         F: Future<Output = ()>,
     {
+        self.serve_incoming(incoming, Some(signal)).await
+    }
+
+    /// Both `serve_with_incoming*`. Without a signal, as tonic: the HTTP/2
+    /// side returns when `incoming` ends and the connections it accepted
+    /// carry on (a graceful shutdown would close them at that moment).
+    async fn serve_incoming<I, IO, IE, F>(self, incoming: I, signal: Option<F>) -> Result<(), Error>
+    where
+        I: futures::Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<BoxError>,
+        F: Future<Output = ()>,
+    {
+        let graceful = signal.is_some();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut tasks = JoinSet::new();
         let sessions: Sessions = Arc::new(Mutex::new(Vec::new()));
@@ -621,7 +641,13 @@ impl Router {
                 rdma = Some(a);
             }
         }
-        self.spawn_http2(incoming, rdma_port, tickets, stop_rx, &mut tasks);
+        self.spawn_http2(
+            incoming,
+            rdma_port,
+            tickets,
+            graceful.then_some(stop_rx),
+            &mut tasks,
+        );
         tracing::info!(rdma = ?rdma, "serving the given connections");
         let handle = ServingHandle {
             local: SocketAddr::from(([0, 0, 0, 0], 0)),
@@ -630,7 +656,10 @@ impl Router {
             tasks,
             sessions,
         };
-        handle.run_until(signal).await
+        match signal {
+            Some(signal) => handle.run_until(signal).await,
+            None => handle.run_until(std::future::pending()).await,
+        }
     }
 
     /// The ticket table of a TLS server (`crate::ticket`), else `None`.
@@ -645,7 +674,7 @@ impl Router {
         incoming: I,
         rdma_port: Arc<std::sync::atomic::AtomicU16>,
         tickets: Option<Arc<TicketStore>>,
-        stop: tokio::sync::watch::Receiver<bool>,
+        stop: Option<tokio::sync::watch::Receiver<bool>>,
         tasks: &mut JoinSet<Result<(), Error>>,
     ) where
         I: futures::Stream<Item = Result<IO, IE>> + Send + 'static,
@@ -677,15 +706,19 @@ impl Router {
             // Over TLS only (a TLS server serves HTTP/2 over nothing else).
             routes = routes.add_service(crate::ticket::TicketService { store });
         }
-        let mut rx = stop;
         tasks.spawn(async move {
-            tonic_server
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, async move {
-                    let _ = rx.wait_for(|s| *s).await;
-                })
-                .await
-                .map_err(|e| Error::Serve(format!("TCP: {}", crate::client::error_chain(&e))))
+            let router = tonic_server.add_routes(routes);
+            match stop {
+                Some(mut rx) => {
+                    router
+                        .serve_with_incoming_shutdown(incoming, async move {
+                            let _ = rx.wait_for(|s| *s).await;
+                        })
+                        .await
+                }
+                None => router.serve_with_incoming(incoming).await,
+            }
+            .map_err(|e| Error::Serve(format!("TCP: {}", crate::client::error_chain(&e))))
         });
     }
 
@@ -761,7 +794,7 @@ impl Router {
             .with_keepalive(keepalive)
             .with_keepalive_interval(interval)
             .with_keepalive_retries(retries);
-        self.spawn_http2(incoming, rdma_port, tickets, stop_rx, &mut tasks);
+        self.spawn_http2(incoming, rdma_port, tickets, Some(stop_rx), &mut tasks);
         tracing::info!(addr = %local, rdma = rdma.is_some(), tls = self.server.tls, "serving");
         Ok(ServingHandle {
             local,

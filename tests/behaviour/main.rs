@@ -9,6 +9,7 @@ mod cancel;
 mod client_streaming;
 mod concurrency;
 mod deadline;
+mod dropin;
 mod handler_panic;
 mod hostile_peer;
 mod interceptors;
