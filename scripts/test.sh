@@ -2,6 +2,7 @@
 # Runs every test of the project (the README's test command; .ci/run calls it):
 #   1. host: unit tests, engine/property tests, codegen, the behaviour suite over the
 #      in-memory and TCP paths (RDMA tests print SKIP on a host without a device);
+#      a tonic project outside the workspace built and run (scripts/downstream-check.sh);
 #   2. a stock gRPC client (Python grpcio) against helloworld-server over TCP; the
 #      binaries without the RDMA libraries (scripts/no-rdma-libs.sh);
 #   3. the device suite in ONE Soft-RoCE VM boot (scripts/vm-suite.sh): rdma-transport
@@ -28,6 +29,8 @@ step() {
 }
 
 step "build (workspace, all targets)" cargo build --workspace --all-targets --quiet
+step "a project outside the workspace, as the README's tonic recipe says (newest libclang)" \
+  ./scripts/downstream-check.sh
 step "host tests (cargo test --workspace)" cargo test --workspace --quiet --no-fail-fast
 step "stock gRPC client (grpcio) -> helloworld-server over TCP" \
   python3 tests/stock_client/grpcio_hello.py --server "$BIN/helloworld-server"
