@@ -21,5 +21,6 @@ mod reprobe;
 mod server_reset;
 mod server_streaming;
 mod status;
+mod tls;
 mod transports;
 mod unary;
