@@ -7,6 +7,8 @@
 //!   environment says one is expected (`SOFTROCE_IN_VM=1` or
 //!   `RDMA_TEST_REQUIRE_DEVICE=1`), in which case it fails.
 
+pub mod tonic_example;
+
 use rpc_core::{Channel, MemoryServer, ServingHandle, Transport};
 use rpc_examples::echo::{EchoService, EchoStats};
 use rpc_examples::greeter::MyGreeter;

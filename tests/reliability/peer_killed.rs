@@ -84,6 +84,30 @@ async fn child_role() {
             println!("CHILD_READY");
             tokio::time::sleep(Duration::from_secs(300)).await;
         }
+        "streaming-client" => {
+            // tonic's streaming example's client: a server stream and a bidi
+            // call open, then killed.
+            let ch = rdma_channel(&addr).await;
+            let mut c = echo(&ch);
+            let mut s = c
+                .server_streaming_echo(EchoRequest::default())
+                .await
+                .unwrap()
+                .into_inner();
+            s.message().await.unwrap().unwrap();
+            let (tx, rx) = tokio::sync::mpsc::channel(4);
+            let mut bidi = c
+                .bidirectional_streaming_echo(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await
+                .unwrap()
+                .into_inner();
+            tx.send(EchoRequest::default()).await.unwrap();
+            bidi.message().await.unwrap().unwrap();
+            println!("CHILD_READY");
+            tokio::spawn(async move { while let Ok(Some(_)) = s.message().await {} });
+            tokio::time::sleep(Duration::from_secs(300)).await;
+            drop((tx, bidi));
+        }
         other => panic!("unknown child role {other}"),
     }
 }
@@ -312,6 +336,57 @@ async fn client_killed_handlers_cancelled() {
                 .await
                 .expect("shutdown does not hang on the dead client's connection")
                 .unwrap();
+        },
+    )
+    .await;
+}
+
+/// tonic's streaming example, its client killed (SIGKILL) with a server
+/// stream and a bidi call open: the server-stream handler's `tx.send` fails
+/// ("client disconnected"), and the bidi handler's request stream fails with
+/// an `io::Error` of kind `BrokenPipe` in its source chain ("client
+/// disconnected: broken pipe"), as tonic's handlers see it over HTTP/2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_killed_mid_stream_is_a_broken_pipe() {
+    let Some(ip) = rdma_host("client_killed_mid_stream_is_a_broken_pipe") else {
+        return;
+    };
+    bounded(
+        "client_killed_mid_stream_is_a_broken_pipe",
+        Duration::from_secs(150),
+        async {
+            let ex = rpc_tests::tonic_example::Example::default();
+            let server = rpc_core::Server::builder()
+                .add_service(rpc_examples::pb::echo::echo_server::EchoServer::new(
+                    ex.clone(),
+                ))
+                .start(format!("{ip}:0").parse().unwrap())
+                .await
+                .unwrap();
+            let addr = server.rdma_addr().expect("RDMA listener").to_string();
+            let mut child = ChildProc::spawn("streaming-client", &addr);
+            child
+                .wait_line("CHILD_READY", Duration::from_secs(90))
+                .await;
+            child.kill();
+            let killed = Instant::now();
+            let seen = ex.seen.clone();
+            let ended = rpc_tests::eventually(PROMPT, || {
+                seen.stream_client_gone.load(SeqCst) && seen.bidi_done.load(SeqCst)
+            })
+            .await;
+            println!(
+                "  after {:.1?}: stream handler's send failed: {}, bidi: {:?}",
+                killed.elapsed(),
+                seen.stream_client_gone.load(SeqCst),
+                seen.bidi_error.lock().unwrap()
+            );
+            assert!(ended, "both handlers saw the client go within {PROMPT:?}");
+            assert!(
+                seen.broken_pipe.load(SeqCst),
+                "the bidi handler's request stream error carries BrokenPipe"
+            );
+            server.shutdown().await.unwrap();
         },
     )
     .await;
