@@ -1,5 +1,5 @@
 //! RDMA tickets: how a TLS server admits RDMA connections only from peers
-//! that authenticated through TLS (`docs/wire-protocol-rdma.md` §2.4).
+//! that authenticated through TLS (`docs/wire-protocol.md` §4, `docs/wire-protocol-rdma.md` §2.4).
 //!
 //! A client with `tls_config` first connects over TLS (tonic's), then calls
 //! `/rdma_grpc.RdmaTicket/Issue` on that connection. The server answers with
