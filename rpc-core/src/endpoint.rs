@@ -446,6 +446,20 @@ impl ChannelBuilder {
         self
     }
 
+    /// The executor tonic's HTTP/2 channel spawns its tasks on (as tonic's;
+    /// default `tokio::spawn`). TCP only: RDMA connections run their driver
+    /// on the Tokio runtime that connects them.
+    pub fn executor<E>(mut self, executor: E) -> Self
+    where
+        E: hyper::rt::Executor<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.tcp = self.tcp.executor(executor);
+        self
+    }
+
     /// `TCP_NODELAY` setting (as tonic's getter).
     pub fn get_tcp_nodelay(&self) -> bool {
         self.tcp.get_tcp_nodelay()
@@ -459,6 +473,16 @@ impl ChannelBuilder {
     /// The TCP keepalive setting (as tonic's getter).
     pub fn get_tcp_keepalive(&self) -> Option<Duration> {
         self.tcp.get_tcp_keepalive()
+    }
+
+    /// The TCP keepalive interval (as tonic's getter).
+    pub fn get_tcp_keepalive_interval(&self) -> Option<Duration> {
+        self.tcp.get_tcp_keepalive_interval()
+    }
+
+    /// The TCP keepalive probe count (as tonic's getter).
+    pub fn get_tcp_keepalive_retries(&self) -> Option<u32> {
+        self.tcp.get_tcp_keepalive_retries()
     }
 
     /// Time allowed for RDMA address/route resolution and connection before
