@@ -1,11 +1,15 @@
 #!/bin/bash
-# Before/after in ONE Soft-RoCE VM boot, with instructions per call: perftest
+# Two builds of the bench in ONE Soft-RoCE VM boot, interleaved, with
+# instructions per call (docs/benchmarks.md, "Reproduce"): perftest
 # (ib_send_lat 64 B), then 2 rounds of bench (rdma + tonic-tcp, 64 B, 1/8/64
-# in flight) for each binary, then callgrind of the 64 B RDMA call (200 and
-# 400 calls) for each. BEFORE_BENCH / AFTER_BENCH: the two bench binaries
-# (default after: this checkout's release bench). Output: target/ba;
-# table: python3 scripts/bench-ba-callgrind-table.py.
-# Run: ../shared/softroce/run-in-softroce-vm.sh scripts/bench-ba-callgrind.sh
+# in flight) alternating between the binaries, then callgrind of the 64 B
+# RDMA call (200 and 400 calls) for each. BEFORE_BENCH / AFTER_BENCH: the two
+# bench binaries, paths relative to the repository root (default after: this
+# checkout's target/release/bench). Output: target/ba; table of the medians:
+# python3 scripts/bench-ba-callgrind-table.py target/ba.
+# Usage, from the repository root:
+#   cp target/release/bench target/bench-before   # then rebuild with the change
+#   BEFORE_BENCH=target/bench-before ../shared/softroce/run-in-softroce-vm.sh scripts/bench-ba-callgrind.sh
 cd "$(dirname "$0")/.." || exit 1
 O=target/ba; mkdir -p $O; D=$SOFTROCE_DEV; X=${SOFTROCE_GID_INDEX:-1}
 B_before=${BEFORE_BENCH:?set BEFORE_BENCH}; B_after=${AFTER_BENCH:-target/release/bench}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14 (many connections): one echo server, N RDMA connections from one
+# Many connections (docs/benchmarks.md, "Many connections"): one echo server, N RDMA connections from one
 # client process, in ONE Soft-RoCE VM boot: `scale client` (examples/src/bin/scale.rs)
 # starts `scale server` on the guest's rxe address and steps up to each count
 # in STEPS, printing setup rate, registered bytes and RSS of both processes,

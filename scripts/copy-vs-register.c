@@ -1,11 +1,13 @@
 // What a large payload costs to copy, and what it costs to register with the
-// device instead (issue 12: "large Bytes registered on the fly ... if that is
-// faster than one copy - measure and choose"). For each size: memcpy into a
-// warm buffer; ibv_reg_mr + ibv_dereg_mr of a warm buffer (the price of
-// registering each message on the fly); and both on fresh memory.
-// Build on the host, run in the Soft-RoCE VM:
-//   gcc -O2 -o /tmp/copy-vs-register scripts/copy-vs-register.c -libverbs
-//   ../shared/softroce/run-in-softroce-vm.sh /tmp/copy-vs-register
+// device instead (registering each message on the fly rather than copying it
+// into registered memory; docs/benchmarks.md, "Copy or register on the fly").
+// For 256 KiB, 1 MiB and 16 MiB: memcpy into a warm buffer; ibv_reg_mr +
+// ibv_dereg_mr of a warm buffer (the price of registering each message on the
+// fly); and both on fresh memory. Uses the first RDMA device in the list.
+// Usage, from the repository root (the VM shares it):
+//   gcc -O2 -o target/copy-vs-register scripts/copy-vs-register.c -libverbs
+//   ../shared/softroce/run-in-softroce-vm.sh target/copy-vs-register   # Soft-RoCE
+//   target/copy-vs-register                                            # a host with a device
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
 #include <stdio.h>

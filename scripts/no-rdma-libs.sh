@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run anywhere (issue 15): our binaries do not link the RDMA libraries; on a host
+# Run anywhere: our binaries do not link the RDMA libraries; on a host
 # without them they start, use TCP and say why.
 #   1. readelf: no executable of the workspace (bins, examples, test binaries of
 #      the debug build, and the release binaries of rpc-examples) has libibverbs or

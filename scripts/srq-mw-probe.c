@@ -1,4 +1,4 @@
-// What a shared receive queue (issue 14) needs from the device, checked on
+// What a shared receive queue (wire protocol §4.7) needs from the device, checked on
 // the device itself rather than assumed. One process, RC QPs connected to
 // each other through the device's loopback (raw verbs, GID index
 // $SOFTROCE_GID_INDEX), on $SOFTROCE_DEV (default rxe0). Every other device
@@ -19,9 +19,12 @@
 //   6. the cost: a 64 B SEND ping-pong, polled, through the QP's own receive
 //      queue and through the SRQ.
 //
-// Build on the host, run in the Soft-RoCE VM:
-//   gcc -O2 -o /tmp/srq-mw-probe scripts/srq-mw-probe.c -libverbs
-//   SOFTROCE_VM_SIW=1 ../shared/softroce/run-in-softroce-vm.sh /tmp/srq-mw-probe
+// Results for rxe and siw: docs/architecture.md, "What the devices do, measured".
+// Usage, from the repository root (the VM shares it):
+//   gcc -O2 -o target/srq-mw-probe scripts/srq-mw-probe.c -libverbs
+//   SOFTROCE_VM_SIW=1 ../shared/softroce/run-in-softroce-vm.sh target/srq-mw-probe
+// On a machine with a real device, run target/srq-mw-probe directly with
+// SOFTROCE_DEV and SOFTROCE_GID_INDEX set to its device and GID index.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <infiniband/verbs.h>

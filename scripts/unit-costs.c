@@ -1,8 +1,10 @@
 // Unit costs of the machine it runs on: a clock read, a trivial syscall, a
-// thread wake-up round trip (docs/benchmarks.md, "Why the issue-11 targets are
-// out of reach in this VM"). Build on the host and run in the Soft-RoCE VM:
-//   gcc -O2 -pthread -o /tmp/unit-costs scripts/unit-costs.c
-//   ../shared/softroce/run-in-softroce-vm.sh /tmp/unit-costs
+// thread wake-up round trip (docs/benchmarks.md, "The emulated VM: what its
+// times mean"). Prints one line per cost. Usage, from the repository root
+// (the VM shares it), on the host and in the Soft-RoCE VM:
+//   gcc -O2 -pthread -o target/unit-costs scripts/unit-costs.c
+//   target/unit-costs
+//   ../shared/softroce/run-in-softroce-vm.sh target/unit-costs
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <time.h>

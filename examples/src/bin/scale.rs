@@ -1,4 +1,4 @@
-//! Scale benchmark (issue 14): how one server holds many RDMA connections.
+//! Scale benchmark: how one server holds many RDMA connections.
 //!
 //! Two roles in one binary:
 //!
@@ -68,7 +68,7 @@ const SMALL: usize = 64;
 const LARGE: usize = 1 << 20;
 
 #[derive(Parser, Debug)]
-#[command(about = "How one echo server scales to thousands of RDMA connections (issue 14)")]
+#[command(about = "How one echo server scales to thousands of RDMA connections")]
 struct Cli {
     #[command(subcommand)]
     role: Role,
