@@ -11,7 +11,7 @@
 #           target/release/bench over rdma, tcp-fallback and tonic-tcp (+ the memory
 #           path and a current_thread run for the small call), strace syscall counts
 #           and callgrind instruction counts per 64 B call, DHAT copy profile of 1 MiB
-#           calls; the decomposition table and the issue-11/12 ratios.
+#           calls; the decomposition table and the ratios to the targets.
 #   decomp: the same boot without the large cells, callgrind and DHAT (~4 min): the
 #           decomposition table only, for repeated boots.
 #   host:   no device needed: bench over memory, tcp-fallback and tonic-tcp, strace
@@ -675,7 +675,7 @@ if mode in ("vm", "decomp", "all", "report") and os.path.exists(os.path.join(out
     c = cell(ct, "memory", 64, 1)
     row("same, `current_thread`", c and c["p50_us"], c)
 
-    s.append("\n#### Issue 11 targets (small call)\n")
+    s.append("\n#### Targets (small call)\n")
     s.append("| measure | target | this run |\n|---|---:|---|")
     r1, t1 = cell(vm, "rdma", 64, 1), cell(vm, "tonic-tcp", 64, 1)
     if r1 and rtt:
@@ -715,7 +715,7 @@ if mode in ("vm", "decomp", "all", "report") and os.path.exists(os.path.join(out
                 cr = f"{a['calls_per_s']:.2f} / {b['calls_per_s']:.2f} = {x(a['calls_per_s'], b['calls_per_s'])}" if b else "–"
                 rows12.append(f"| {payload>>20} MiB × {infl} | {bwr} | {cr} | {fmt_us(a['p50_us'])} | {a['allocs_per_call']:,.0f} | {bytes_h(a['alloc_bytes_per_call'])} | {a['ctx_switches_per_call']:.1f} |")
     if rows12:
-        s.append("\n#### Issue 12 targets (large calls)\n")
+        s.append("\n#### Targets (large calls)\n")
         s.append(f"Request bytes per second against `ib_write_bw` at the same message size in the same boot "
                  f"(`-s 1048576 -n 50`, `-s 16777216 -n 8`; target ≥ 0.9×), calls/s against tonic-tcp "
                  f"(target for 1 MiB ≥ 2×); allocations and context switches per call from the bench counters.\n")
