@@ -1,0 +1,115 @@
+//! Connections: every RDMA connection of the process, from the connect
+//! request to the teardown. A [`Connection`] is made by the active side
+//! ([`connect`], in `setup`) or by a [`Listener`] (passive side, with the
+//! admission rules of `admission`); its verbs resources are built by
+//! `resources`, and from then on one driver task (`driver`) owns them and
+//! runs the engine, sharing the engine and the memory with the sending half
+//! under one lock (`shared`). The application holds the two halves
+//! (`halves`). Section numbers (§) refer to `docs/wire-protocol-rdma.md`.
+//!
+//! * `setup`: the active side (§2.3: resolve, handshake, connect),
+//! * `listener`: the passive side (§2.3), the [`Listener`] and its task,
+//! * `admission`: who a listener admits (§2.4: the gate; the pending and
+//!   per-address limits),
+//! * `resources`: the QP, CQs and memory of a new connection, and the
+//!   process-wide pools they come from,
+//! * `shared`: the state the driver and the halves share (the core lock),
+//! * `halves`: [`SendHalf`], [`RecvHalf`], [`InlineStop`],
+//! * `driver`: the per-connection task (§8),
+//! * `spin`: the driver's busy-poll budget (`Config::poll_mode`),
+//! * `events`: waiting for rdma_cm events.
+
+mod admission;
+mod driver;
+mod events;
+mod halves;
+mod listener;
+mod resources;
+mod setup;
+mod shared;
+mod spin;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::engine::wire::Ticket;
+use crate::engine::EngineError;
+use crate::error::{Errno, Error};
+use crate::stats::ConnStats;
+use crate::verbs::Cq;
+
+pub use self::admission::{AdmitGate, AdmitRequest};
+pub(crate) use self::events::{next_event, CmFd};
+pub use self::halves::{InlineHandler, InlineStop, RecvHalf, SendHalf};
+pub use self::listener::Listener;
+pub use self::setup::{connect, connect_from, connect_with_ticket};
+pub(crate) use self::setup::{handshake, resolve, Handshake};
+
+/// An established connection; [`Connection::split`] it to use it.
+pub struct Connection {
+    send: SendHalf,
+    recv: RecvHalf,
+    peer: SocketAddr,
+    stats: Arc<ConnStats>,
+    ticket: Option<Ticket>,
+}
+
+impl Connection {
+    /// Splits into independently usable halves (both `Send + 'static`).
+    pub fn split(self) -> (SendHalf, RecvHalf) {
+        (self.send, self.recv)
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// Live counters of this connection.
+    pub fn stats(&self) -> Arc<ConnStats> {
+        self.stats.clone()
+    }
+
+    /// On the accepting side, the ticket the peer presented in its connect
+    /// request (§2.4), which a gated listener's gate accepted (an ungated
+    /// listener checks nothing: then it is only what the peer sent); `None`
+    /// when it presented none, and on the connecting side.
+    pub fn ticket(&self) -> Option<Ticket> {
+        self.ticket
+    }
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("peer", &self.peer)
+            .field("max_message_len", &self.send.max)
+            .finish()
+    }
+}
+
+/// IBV_WC_WR_FLUSH_ERR
+const WC_FLUSH_ERR: u32 = 5;
+
+fn io_err(verb: &'static str, e: std::io::Error) -> Error {
+    Error::Verb {
+        verb,
+        errno: Errno(e.raw_os_error().unwrap_or(0)),
+    }
+}
+
+/// The connection's error for an engine failure; `what` names the work
+/// request side of a failed completion ("setup", "send", "recv"). A flushed
+/// completion means the QP went to the error state: the peer is gone.
+fn engine_err(e: EngineError, what: &'static str) -> Error {
+    match e {
+        EngineError::Protocol(v) => Error::Protocol(v),
+        EngineError::Resource(m) => Error::ResourceLimit(m),
+        EngineError::Completion { status, .. } if status == WC_FLUSH_ERR => Error::Disconnected,
+        EngineError::Completion { status, .. } => Error::Completion {
+            status,
+            status_str: Cq::status_str(status),
+            what,
+        },
+    }
+}
