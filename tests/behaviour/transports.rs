@@ -1,5 +1,6 @@
 //! RDMA as the default transport, and TCP fallback: which path carries the
 //! calls, why it fell back, forced policies, mixed clients, reconnect.
+use rpc_core::FallbackReason;
 use rpc_core::{Channel, Transport, TransportKind};
 use rpc_examples::pb::echo::{echo_client::EchoClient, EchoRequest};
 use rpc_tests::{device_required, rdma_ip, router};
@@ -60,7 +61,13 @@ async fn fallback_reason_when_no_device() {
         .fallback_reason
         .clone()
         .expect("a fallback reason");
-    assert!(reason.contains("no RDMA device"), "{reason}");
+    assert!(
+        matches!(
+            reason,
+            FallbackReason::NoDevice | FallbackReason::LibrariesMissing(_)
+        ),
+        "{reason:?}"
+    );
     assert_eq!(
         ch.transport().to_string(),
         format!("tcp (fallback: {reason})")
@@ -83,6 +90,7 @@ async fn fallback_reason_when_no_device() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn rdma_write_path_and_mixed_clients() {
     let Some(ip) = rdma_host("rdma_write_path_and_mixed_clients") else {
         return;
@@ -169,6 +177,7 @@ async fn rdma_write_path_and_mixed_clients() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn fallback_when_server_is_tcp_only() {
     let Some(ip) = rdma_host("fallback_when_server_is_tcp_only") else {
         return;
@@ -187,7 +196,14 @@ async fn fallback_when_server_is_tcp_only() {
         .unwrap();
     assert_eq!(ch.transport().kind, TransportKind::Tcp);
     let reason = ch.transport().fallback_reason.clone().unwrap();
-    assert!(reason.contains("does not accept RDMA"), "{reason}");
+    assert!(
+        matches!(reason, FallbackReason::Refused { .. }),
+        "{reason:?}"
+    );
+    assert!(
+        reason.to_string().contains("does not accept RDMA"),
+        "{reason}"
+    );
     EchoClient::new(ch)
         .unary_echo(EchoRequest::default())
         .await
@@ -212,6 +228,7 @@ fn tcp_only_router(stats: Arc<rpc_examples::echo::EchoStats>) -> rpc_core::Route
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn reconnect_after_connection_loss() {
     let Some(ip) = rdma_host("reconnect_after_connection_loss") else {
         return;

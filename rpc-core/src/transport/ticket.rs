@@ -22,6 +22,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tonic::body::Body;
 
+use crate::info::{PeerTls, TlsPeer};
+
 /// The service's full name.
 pub(crate) const SERVICE: &str = "rdma_grpc.RdmaTicket";
 /// The method's path.
@@ -37,32 +39,6 @@ const MAX_LIVE: usize = 4096;
 
 /// A ticket.
 pub(crate) type Ticket = [u8; TICKET_LEN];
-
-/// What TLS said about the peer a ticket was issued to: tonic's connection
-/// info of the TLS connection (its certificates), for the RDMA calls.
-#[cfg(feature = "tls")]
-pub(crate) type PeerTls =
-    tonic::transport::server::TlsConnectInfo<tonic::transport::server::TcpConnectInfo>;
-/// Without the `tls` feature there is nothing to carry.
-#[cfg(not(feature = "tls"))]
-pub(crate) type PeerTls = ();
-
-/// The TLS identity an RDMA connection was admitted with, shared by its calls.
-#[derive(Clone)]
-pub(crate) struct TlsPeer(pub(crate) Arc<PeerTls>);
-
-impl std::fmt::Debug for TlsPeer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("TlsPeer")
-    }
-}
-
-impl PartialEq for TlsPeer {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-impl Eq for TlsPeer {}
 
 struct Issued {
     expires: Instant,
@@ -271,7 +247,7 @@ pub(crate) async fn fetch(ch: &tonic::transport::Channel) -> Result<Ticket, Stri
             .clone()
             .oneshot(req)
             .await
-            .map_err(|e| crate::client::error_chain(&e))?;
+            .map_err(|e| crate::error::error_chain(&e))?;
         let status = |h: &http::HeaderMap| {
             h.get("grpc-status").map(|v| {
                 let msg = h

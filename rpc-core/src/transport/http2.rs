@@ -28,7 +28,7 @@
 //! stream is dropped at the deadline and the call ends with `DEADLINE_EXCEEDED`
 //! trailers.
 
-use crate::timeout;
+use crate::protocol::timeout;
 use bytes::Bytes;
 use futures::task::AtomicWaker;
 use http_body::Frame;

@@ -44,6 +44,22 @@ pub fn encode(d: Duration) -> String {
     "99999999H".to_string()
 }
 
+/// Sets the call's `grpc-timeout` to `t` unless it already has a shorter
+/// one: the deadline then works as any call's (both ends, every transport,
+/// `DEADLINE_EXCEEDED`).
+pub(crate) fn cap_grpc_timeout(headers: &mut http::HeaderMap, t: Duration) {
+    let current = headers
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse);
+    if current.is_some_and(|c| c <= t) {
+        return;
+    }
+    if let Ok(v) = http::HeaderValue::from_str(&encode(t)) {
+        headers.insert("grpc-timeout", v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,8 +13,8 @@ mod outbox;
 mod queue;
 
 use crate::conn::{Connection, FrameReceiver, FrameSender};
-use crate::frame::{self, DecodeLimits, Frame, Hello};
-use crate::window::SendWindow;
+use crate::protocol::frame::{self, DecodeLimits, Frame, Hello};
+use crate::protocol::window::SendWindow;
 use crate::{ConnInfo, PeerMisbehaved, SessionConfig};
 use bytes::Bytes;
 use http::HeaderMap;
@@ -1015,6 +1015,17 @@ impl Drop for CallGuard {
             );
         }
     }
+}
+
+/// The sessions a server serves, for its graceful shutdown.
+pub(crate) type Sessions = Arc<Mutex<Vec<std::sync::Weak<Shared>>>>;
+
+/// Remembers a live session for graceful shutdown, forgetting closed ones so
+/// that a long-running server does not grow with every connection it served.
+pub(crate) fn track_session(sessions: &Sessions, s: &Arc<Shared>) {
+    let mut v = sessions.lock().unwrap_or_else(|e| e.into_inner());
+    v.retain(|w| w.strong_count() > 0);
+    v.push(Arc::downgrade(s));
 }
 
 #[cfg(test)]

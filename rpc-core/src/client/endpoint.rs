@@ -165,11 +165,11 @@ impl ChannelBuilder {
     pub fn new<D>(dst: D) -> Result<ChannelBuilder, Error>
     where
         D: TryInto<ChannelBuilder>,
-        D::Error: Into<crate::client::BoxError>,
+        D::Error: Into<crate::error::BoxError>,
     {
         let me: ChannelBuilder = dst
             .try_into()
-            .map_err(|e| Error::InvalidAddress(crate::client::error_chain(&*e.into())))?;
+            .map_err(|e| Error::InvalidAddress(crate::error::error_chain(&*e.into())))?;
         #[cfg(feature = "tls")]
         if !me.tls && me.uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
             return me.tls_config(crate::ClientTlsConfig::new().with_enabled_roots());
@@ -245,7 +245,7 @@ impl ChannelBuilder {
         self.tcp = self
             .tcp
             .user_agent(ua)
-            .map_err(|e| Error::InvalidAddress(crate::client::error_chain(&e)))?;
+            .map_err(|e| Error::InvalidAddress(crate::error::error_chain(&e)))?;
         Ok(self)
     }
 
@@ -351,7 +351,7 @@ impl ChannelBuilder {
         self.tcp = self
             .tcp
             .tls_config(tls_config)
-            .map_err(|e| Error::Tls(crate::client::error_chain(&e)))?;
+            .map_err(|e| Error::Tls(crate::error::error_chain(&e)))?;
         self.tls = true;
         Ok(self)
     }
@@ -370,7 +370,7 @@ impl ChannelBuilder {
         let mut cfg = self
             .rdma_config
             .take()
-            .unwrap_or_else(crate::rdma::transport_config);
+            .unwrap_or_else(crate::transport::rdma::transport_config);
         cfg.keepalive = interval;
         self.rdma_config = Some(cfg);
         self.tcp = self.tcp.http2_keep_alive_interval(interval);

@@ -8,7 +8,7 @@
 //! and a server reports it to the hook set with
 //! [`Server::on_peer_misbehaved`](crate::Server::on_peer_misbehaved).
 
-use crate::frame::FrameError;
+use crate::protocol::frame::FrameError;
 use tonic::Code;
 
 /// A call-protocol violation by the peer; the connection is closed with it.
@@ -37,7 +37,7 @@ pub enum PeerMisbehaved {
     VersionMismatch {
         /// The peer's version.
         peer: u16,
-        /// [`PROTOCOL_VERSION`](crate::frame::PROTOCOL_VERSION).
+        /// [`PROTOCOL_VERSION`](crate::protocol::frame::PROTOCOL_VERSION).
         ours: u16,
     },
     /// A HELLO after the handshake (§1.1).

@@ -9,8 +9,8 @@
 //! balancer sits behind a `tower::buffer::Buffer` so that the channel is
 //! `Clone`. See `docs/architecture.md`, "Balanced channels".
 
+use crate::client::endpoint::ChannelBuilder;
 use crate::client::{BoxError, Core, Req, Resp};
-use crate::endpoint::ChannelBuilder;
 use crate::{Channel, TransportInfo, TransportKind};
 use futures::{Stream, StreamExt};
 use std::collections::HashMap;

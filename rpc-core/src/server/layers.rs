@@ -1,28 +1,12 @@
-//! Small request layers shared by the channel and the server: default
-//! deadlines (tonic's `Endpoint::timeout` and `Server::timeout`) and the
-//! type-erased user layers of [`Server::layer`](crate::Server::layer).
+//! The server's request layers: its default deadline (tonic's
+//! `Server::timeout`) and the type-erased user layers of
+//! [`Server::layer`](crate::Server::layer).
 
-use crate::client::BoxError;
-use crate::timeout;
+use crate::error::BoxError;
+use crate::protocol::timeout::cap_grpc_timeout;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::body::Body;
-
-/// Sets the call's `grpc-timeout` to `t` unless it already has a shorter
-/// one: the deadline then works as any call's (both ends, every transport,
-/// `DEADLINE_EXCEEDED`).
-pub(crate) fn cap_grpc_timeout(headers: &mut http::HeaderMap, t: Duration) {
-    let current = headers
-        .get("grpc-timeout")
-        .and_then(|v| v.to_str().ok())
-        .and_then(timeout::parse);
-    if current.is_some_and(|c| c <= t) {
-        return;
-    }
-    if let Ok(v) = http::HeaderValue::from_str(&timeout::encode(t)) {
-        headers.insert("grpc-timeout", v);
-    }
-}
 
 /// The service every request of a [`Server`](crate::Server) goes through
 /// once it has layers: what a [`Server::layer`](crate::Server::layer) layer
@@ -123,7 +107,7 @@ mod tests {
         h.insert("grpc-timeout", http::HeaderValue::from_static("10S"));
         cap_grpc_timeout(&mut h, Duration::from_millis(300));
         assert_eq!(
-            timeout::parse(h["grpc-timeout"].to_str().unwrap()),
+            crate::protocol::timeout::parse(h["grpc-timeout"].to_str().unwrap()),
             Some(Duration::from_millis(300))
         );
     }

@@ -8,7 +8,7 @@
 //! small buffer on first use.
 
 use super::Inbound;
-use crate::window::SendWindow;
+use crate::protocol::window::SendWindow;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;

@@ -1,7 +1,7 @@
 //! The HTTP body a call's inbound queue presents to tonic: the server's
 //! request body and the client's response body.
 
-use crate::session::{CallGuard, Inbound, InboundRx, Shared};
+use crate::protocol::session::{CallGuard, Inbound, InboundRx, Shared};
 use bytes::Bytes;
 use http_body::Frame;
 use std::pin::Pin;

@@ -21,7 +21,7 @@
 //! that ends the call usually sends them first, all in one message.
 
 use crate::conn::FrameSender;
-use crate::frame;
+use crate::protocol::frame;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use std::collections::VecDeque;
@@ -72,14 +72,14 @@ struct Out {
 
 impl Out {
     /// Small frames are encoded into the thread's shared frame buffer
-    /// ([`rdma_transport::arena`]), where a piece that waits keeps the whole
+    /// ([`crate::arena`]), where a piece that waits keeps the whole
     /// buffer alive. A frame that waits behind a busy writer (a
     /// back-pressured connection: the peer does not take more) gets a
     /// buffer of its own first, so what a stalled peer makes us hold is
     /// bounded by the frames' own sizes, as it was before that buffer.
     fn own(&mut self) {
         if !self.owned {
-            if self.msg.len() <= rdma_transport::arena::CHUNK {
+            if self.msg.len() <= crate::arena::CHUNK {
                 self.msg = Bytes::copy_from_slice(&self.msg);
             }
             self.owned = true;

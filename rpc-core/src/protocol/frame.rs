@@ -4,9 +4,9 @@
 //! bytes that came from the network: it checks each length before reading,
 //! never panics, and turns anything malformed into a [`FrameError`].
 
+use crate::arena;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue};
-use rdma_transport::arena;
 use std::time::Duration;
 
 /// Protocol version carried in HELLO (§1.1). A peer with another major version is refused.

@@ -155,7 +155,7 @@ pub(crate) async fn query(ch: &tonic::transport::Channel) -> Result<Option<u16>,
             .clone()
             .oneshot(req)
             .await
-            .map_err(|e| crate::client::error_chain(&e))?;
+            .map_err(|e| crate::error::error_chain(&e))?;
         let status = |h: &http::HeaderMap| {
             h.get("grpc-status")
                 .map(|v| v.as_bytes().to_vec())

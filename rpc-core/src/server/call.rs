@@ -1,0 +1,273 @@
+//! One call of a message connection on the server: the request as tonic's
+//! services expect it (URI, metadata, extensions with the peer's address
+//! and TLS identity), the service or the user's layers, the deadline, and
+//! the response frames back to the peer, whatever happens to the handler.
+
+use super::dispatch::Direct;
+use super::layers::HttpService;
+use crate::protocol::body::RecvBody;
+use crate::protocol::session::{OpenCall, Shared};
+use crate::protocol::{frame, timeout};
+use crate::ConnInfo;
+use http_body_util::BodyExt;
+use std::sync::Arc;
+use tonic::body::Body;
+use tonic::service::Routes;
+use tonic::{Code, Status};
+use tower::{Service, ServiceExt};
+
+/// What serves the calls of message connections: the routes, or the routes
+/// inside the user's layers.
+#[derive(Clone)]
+pub(crate) enum CallService {
+    /// No layers: a service added by name is called directly (`dispatch`),
+    /// anything else goes through the router.
+    Routes {
+        routes: Routes,
+        direct: Direct,
+    },
+    Layered(HttpService),
+}
+
+impl CallService {
+    async fn call(&mut self, req: http::Request<Body>) -> http::Response<Body> {
+        match self {
+            CallService::Routes { direct, routes } => {
+                if let Some(mut svc) = direct.get(req.uri().path()) {
+                    return match svc.ready().await {
+                        Ok(svc) => match svc.call(req).await {
+                            Ok(r) => r,
+                            Err(never) => match never {},
+                        },
+                        Err(never) => match never {},
+                    };
+                }
+                match ServiceExt::<http::Request<Body>>::ready(routes).await {
+                    Ok(svc) => match svc.call(req).await {
+                        Ok(r) => r,
+                        Err(never) => match never {},
+                    },
+                    Err(never) => match never {},
+                }
+            }
+            // A layer's error is the call's status, as tonic's server reports it.
+            CallService::Layered(svc) => match svc.ready().await {
+                Ok(svc) => match svc.call(req).await {
+                    Ok(r) => r,
+                    Err(e) => Status::from_error(e).into_http(),
+                },
+                Err(e) => Status::from_error(e).into_http(),
+            },
+        }
+    }
+}
+
+/// Runs one call: the service, its deadline, and the response back to the peer.
+pub(crate) async fn handle_call(mut routes: CallService, shared: Arc<Shared>, call: OpenCall) {
+    let OpenCall {
+        stream,
+        path,
+        timeout: call_timeout,
+        mut metadata,
+        inbound,
+        window,
+    } = call;
+    if let Some(t) = call_timeout {
+        if let Ok(v) = timeout::encode(t).parse() {
+            metadata.insert("grpc-timeout", v);
+        }
+    }
+    if !metadata.contains_key(http::header::CONTENT_TYPE) {
+        metadata.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+    }
+    metadata.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    let _end = EndCall {
+        shared: shared.clone(),
+        stream,
+    };
+    let body = RecvBody::new(inbound, shared.clone(), stream, None, None);
+    let mut req = http::Request::new(Body::new(body));
+    *req.method_mut() = http::Method::POST;
+    *req.version_mut() = http::Version::HTTP_2;
+    // The path's bytes become the URI's without a copy.
+    match http::Uri::from_maybe_shared(bytes::Bytes::from(path)) {
+        Ok(uri) => *req.uri_mut() = uri,
+        Err(e) => {
+            send_status(
+                &shared,
+                stream,
+                Status::invalid_argument(format!("bad method path: {e}")),
+            );
+            return;
+        }
+    }
+    *req.headers_mut() = metadata;
+    insert_conn_info(req.extensions_mut(), &shared.info);
+
+    let work = async {
+        let resp = routes.call(req).await;
+        let (parts, mut body) = resp.into_parts();
+        let mut headers = parts.headers;
+        headers.remove(http::header::CONTENT_LENGTH);
+        if headers.contains_key("grpc-status") && http_body::Body::is_end_stream(&body) {
+            // Trailers-only response (e.g. unimplemented, or an error before any message).
+            send_metadata(&shared, stream, frame::kind::TRAILERS, &headers);
+            return;
+        }
+        if !send_metadata(&shared, stream, frame::kind::HEADERS, &headers) {
+            return;
+        }
+        loop {
+            match body.frame().await {
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(data) => {
+                        if shared
+                            .send_body(stream, &window, data, false)
+                            .await
+                            .is_err()
+                        {
+                            return; // call reset or connection gone
+                        }
+                    }
+                    Err(f) => {
+                        if let Ok(trailers) = f.into_trailers() {
+                            send_metadata(&shared, stream, frame::kind::TRAILERS, &trailers);
+                            return;
+                        }
+                    }
+                },
+                Some(Err(status)) => {
+                    send_status(&shared, stream, status);
+                    return;
+                }
+                None => {
+                    send_status(
+                        &shared,
+                        stream,
+                        Status::internal("handler ended without trailers"),
+                    );
+                    return;
+                }
+            }
+        }
+    };
+    match call_timeout {
+        Some(t) => {
+            if tokio::time::timeout(t, work).await.is_err() {
+                send_status(
+                    &shared,
+                    stream,
+                    Status::new(
+                        Code::DeadlineExceeded,
+                        format!(
+                            "deadline exceeded: the server did not finish the call within {t:?}"
+                        ),
+                    ),
+                );
+            }
+        }
+        None => work.await,
+    }
+    // `_end` finishes the call.
+}
+
+/// What tonic's HTTP/2 server puts in a request's extensions, for a call on a
+/// message connection: `TcpConnectInfo` (so `remote_addr()` and
+/// `local_addr()` answer with the RDMA peer's and this side's IP:port) and,
+/// on a connection admitted through TLS, the TLS peer's `TlsConnectInfo`
+/// (so `peer_certs()` answers); and the [`ConnInfo`].
+fn insert_conn_info(ext: &mut http::Extensions, info: &ConnInfo) {
+    if info.peer.is_some() || info.local.is_some() {
+        ext.insert(tonic::transport::server::TcpConnectInfo {
+            local_addr: info.local,
+            remote_addr: info.peer,
+        });
+    }
+    #[cfg(feature = "tls")]
+    if let Some(tls) = &info.tls {
+        ext.insert((*tls.0).clone());
+    }
+    ext.insert(info.clone());
+}
+
+/// A call's head as an `http::Request<()>`, for a `trace_fn`.
+pub(crate) fn call_head(call: &OpenCall) -> http::Request<()> {
+    let mut r = http::Request::new(());
+    *r.method_mut() = http::Method::POST;
+    *r.version_mut() = http::Version::HTTP_2;
+    if let Ok(uri) = http::Uri::try_from(call.path.as_str()) {
+        *r.uri_mut() = uri;
+    }
+    *r.headers_mut() = call.metadata.clone();
+    r
+}
+
+/// Ends a server call when its `handle_call` ends, however it ends: after
+/// its trailers (or its RESET) the call is finished; if the handler
+/// panicked — in place (`session::opened`) or in its own task — the client
+/// gets INTERNAL instead of waiting for an answer that never comes. An
+/// aborted handler (the client's RESET, the connection's end) finds its call
+/// already gone: nothing is sent.
+struct EndCall {
+    shared: Arc<Shared>,
+    stream: u32,
+}
+
+impl Drop for EndCall {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.shared.reset_stream(
+                self.stream,
+                Status::internal("the server's handler panicked"),
+            );
+        } else {
+            self.shared.finish_stream(self.stream);
+        }
+    }
+}
+
+fn send_status(shared: &Shared, stream: u32, status: Status) {
+    let mut md = http::HeaderMap::new();
+    if status.add_header(&mut md).is_err() {
+        md.insert("grpc-status", http::HeaderValue::from(status.code() as i32));
+    }
+    send_metadata(shared, stream, frame::kind::TRAILERS, &md);
+}
+
+/// Sends a call's HEADERS or TRAILERS if the client's metadata limit (its
+/// HELLO, §1.5) allows. A block over the limit would be a protocol violation
+/// that closes the whole connection at the client, so it never leaves: only
+/// this call fails, with a RESET (RESOURCE_EXHAUSTED) that names the limit,
+/// the size and the status the handler meant to send. Returns whether the
+/// frame was sent.
+fn send_metadata(shared: &Shared, stream: u32, kind: u8, md: &http::HeaderMap) -> bool {
+    let limit = shared.peer.max_metadata_bytes as usize;
+    match frame::encode_metadata_frame(kind, stream, md, limit) {
+        Ok(f) => {
+            shared.send_ctrl(f);
+            true
+        }
+        Err(e) => {
+            let what = if kind == frame::kind::HEADERS {
+                "headers"
+            } else {
+                "trailers"
+            };
+            let handler_status = md
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .map_or_else(String::new, |c| format!(" (grpc-status {c})"));
+            let status = Status::resource_exhausted(format!(
+                "the server's response {what}{handler_status} were not sent: {e} \
+                 (the client's max_metadata_bytes)"
+            ));
+            tracing::warn!(stream, peer = ?shared.info.peer, "{}", status.message());
+            // Also cancels this handler (the task running this code): it ends here.
+            shared.reset_stream(stream, status);
+            false
+        }
+    }
+}
