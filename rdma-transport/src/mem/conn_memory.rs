@@ -1,0 +1,569 @@
+//! The QP and all registered memory of one connection ([`ConnMemory`]):
+//! its receive ring (or its part of a shared receive pool), its send ring,
+//! its rendezvous region (behind a memory window in a device pool's PD)
+//! and its staging buffers; it posts the engine's actions and implements
+//! the engine's [`Buffers`], and destroys the QP before any buffer is
+//! deregistered or freed.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use super::device_pool::{BlockSource, DevicePool};
+use super::recv_pool::RecvPool;
+use super::registered::{Access, RegisteredBuf};
+use super::slot_pool::SlotPool;
+use super::{WR_BIND, WR_SRQ};
+use crate::engine::{Action, Buffers};
+use crate::error::{Error, PeerMisbehaved};
+use crate::verbs::{Cq, Mw, Pd, Qp, SendDesc};
+
+/// Sizes of the four per-connection pools (their largest sizes; memory on
+/// demand registers less, `docs/wire-protocol-rdma.md` §4.6 and §5.5).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PoolSizes {
+    pub recv_slots: usize,
+    pub recv_slot_bytes: usize,
+    pub send_slots: usize,
+    pub send_slot_bytes: usize,
+    pub rdv_count: usize,
+    pub rdv_bytes: usize,
+    /// Slots per registered segment of the receive ring (it grows a
+    /// segment at a time).
+    pub recv_seg: usize,
+    /// Slots per registered segment of the send ring (it grows and shrinks
+    /// a segment at a time).
+    pub send_seg: usize,
+}
+
+/// A receive buffer of the shared pool holding a connection's message.
+struct Held {
+    buf: u32,
+    chunk: Arc<RegisteredBuf>,
+    off: usize,
+}
+
+/// A connection's view of a shared receive pool (§4.7): the engine still
+/// sees a ring of `reserved` slots; a slot is "posted" by queueing it, and a
+/// receive completion from the SRQ binds the oldest queued slot to the
+/// buffer the NIC filled, so the engine gets its own wr_id back, in the
+/// order it posted, as with a receive queue of its own.
+struct SharedRecv {
+    pool: Arc<RecvPool>,
+    /// Recv CQ of the connection, drained after the QP is destroyed for the
+    /// buffer it may have taken (it comes back flushed, §4.7).
+    cq: Arc<Cq>,
+    reserved: usize,
+    posted: VecDeque<(u32, u64)>,
+    bound: Vec<Option<Held>>,
+    /// Scratch list of buffers to give back.
+    back: Vec<u32>,
+}
+
+/// QP + all registered memory of one connection (§8 of the wire doc;
+/// ownership rules in `docs/buffer-ownership.md`). The rings are registered
+/// a segment at a time, the rendezvous region and the staging buffers only
+/// while in use (memory on demand, §4.6 and §5.5).
+pub(crate) struct ConnMemory {
+    // Declared first: dropped first, before any buffer.
+    qp: Option<Qp>,
+    recv: SlotPool,
+    /// With a shared receive queue: the connection's part of it (then
+    /// `recv` stays empty).
+    shared: Option<SharedRecv>,
+    send: SlotPool,
+    /// The window the peer reaches `rdv` through, in a shared PD (§4.7);
+    /// declared before `rdv`: deallocated (rkey revoked) first.
+    window: Option<Mw>,
+    rdv: Option<RegisteredBuf>,
+    staging: Option<RegisteredBuf>,
+    sz: PoolSizes,
+    src: BlockSource,
+    /// Scratch lists of [`execute`](Self::execute), kept so that posting
+    /// allocates nothing in steady state.
+    recvs: Vec<(u64, u64, u32, u32)>,
+    sends: Vec<SendDesc>,
+}
+
+impl ConnMemory {
+    /// Registers receive slots `0..recv`, send slots `0..send`, and, with
+    /// `static_rdv`, the rendezvous region (advertised in the hello). With
+    /// `dev`, `pd` is its PD and the blocks come from it (no static region
+    /// there: it would need remote access through its own rkey).
+    pub(crate) fn new(
+        pd: &Arc<Pd>,
+        dev: Option<Arc<DevicePool>>,
+        sz: PoolSizes,
+        global_limit: usize,
+        recv: usize,
+        send: usize,
+        static_rdv: bool,
+    ) -> Result<Self, Error> {
+        let mut m = ConnMemory {
+            qp: None,
+            recv: SlotPool::new(sz.recv_slots, sz.recv_slot_bytes, sz.recv_seg),
+            shared: None,
+            send: SlotPool::new(sz.send_slots, sz.send_slot_bytes, sz.send_seg),
+            window: None,
+            rdv: None,
+            staging: None,
+            sz,
+            src: BlockSource {
+                pd: pd.clone(),
+                dev,
+                limit: global_limit,
+            },
+            recvs: Vec::new(),
+            sends: Vec::new(),
+        };
+        debug_assert!(m.src.dev.as_ref().is_none_or(|d| Arc::ptr_eq(d.pd(), pd)));
+        assert!(
+            !(static_rdv && m.src.dev.is_some()),
+            "no static region in a shared PD"
+        );
+        m.recv.ensure(&m.src, recv)?;
+        m.send.ensure(&m.src, send)?;
+        if static_rdv {
+            m.rdv = Some(m.register_rdv()?);
+        }
+        Ok(m)
+    }
+
+    /// Like [`new`](Self::new), with the receive buffers drawn from a
+    /// listener's shared pool (§4.7): `recv` credits are reserved in it. The
+    /// PD is the pool's; the rendezvous region is on demand only (it needs
+    /// the QP, to bind its window).
+    pub(crate) fn new_shared(
+        dev: Arc<DevicePool>,
+        pool: Arc<RecvPool>,
+        cq: Arc<Cq>,
+        sz: PoolSizes,
+        global_limit: usize,
+        recv: usize,
+        send: usize,
+    ) -> Result<Self, Error> {
+        let pd = pool.pd().clone();
+        debug_assert!(
+            Arc::ptr_eq(dev.pd(), &pd),
+            "the SRQ is in the device pool's PD"
+        );
+        let mut m = ConnMemory::new(
+            &pd,
+            Some(dev),
+            PoolSizes {
+                recv_slots: 0,
+                ..sz
+            },
+            global_limit,
+            0,
+            send,
+            false,
+        )?;
+        m.sz = sz;
+        pool.reserve(recv)?;
+        m.shared = Some(SharedRecv {
+            pool,
+            cq,
+            reserved: recv,
+            posted: VecDeque::with_capacity(sz.recv_slots),
+            bound: (0..sz.recv_slots).map(|_| None).collect(),
+            back: Vec::with_capacity(sz.recv_slots),
+        });
+        Ok(m)
+    }
+
+    pub(crate) fn pd(&self) -> &Arc<Pd> {
+        &self.src.pd
+    }
+
+    /// Whether the receive buffers come from a shared receive queue.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// Maps a receive completion from the shared receive queue to the
+    /// engine's own wr_id (§4.7): the oldest slot the engine posted takes
+    /// the buffer. Other wr_ids are returned unchanged. A message with no
+    /// slot posted for it came without credit: the buffer goes back to the
+    /// pool and the connection fails. A failed completion gives its buffer
+    /// back and maps to a failed receive of the engine.
+    pub(crate) fn map_recv(&mut self, wr_id: u64, ok: bool) -> Result<u64, Error> {
+        let Some(sh) = self.shared.as_mut() else {
+            return Ok(wr_id);
+        };
+        if wr_id >> 56 != WR_SRQ {
+            return Ok(wr_id);
+        }
+        let b = wr_id as u32;
+        if !ok {
+            // A flushed (or failed) receive: the connection is failing. The
+            // buffer goes back at once; the engine reports the failure.
+            sh.pool.give_back(&[b])?;
+            return Ok(crate::engine::WR_RECV << 56);
+        }
+        let Some((chunk, off)) = sh.pool.held(b) else {
+            return Err(Error::Protocol(PeerMisbehaved::StaleReceive { wr_id }));
+        };
+        match sh.posted.pop_front() {
+            Some((slot, engine_wr_id)) => {
+                sh.bound[slot as usize] = Some(Held { buf: b, chunk, off });
+                Ok(engine_wr_id)
+            }
+            None => {
+                sh.pool.give_back(&[b])?;
+                Err(Error::Protocol(PeerMisbehaved::SendWithoutCredit {
+                    excess: 1,
+                    granted: sh.reserved as u32,
+                }))
+            }
+        }
+    }
+
+    /// Gives back to the shared pool the SRQ buffers named by completions
+    /// polled outside the engine (the teardown's drain, §4.7).
+    pub(crate) fn reclaim(&mut self, wcs: &[crate::verbs::Wc]) {
+        self.reclaim_with(wcs, &[]);
+    }
+
+    /// [`reclaim`](Self::reclaim), with more buffers (`also`) given back in
+    /// the same call.
+    fn reclaim_with(&mut self, wcs: &[crate::verbs::Wc], also: &[u32]) {
+        let Some(sh) = self.shared.as_mut() else {
+            return;
+        };
+        sh.back.clear();
+        sh.back.extend(
+            wcs.iter()
+                .filter(|wc| wc.wr_id >> 56 == WR_SRQ)
+                .map(|wc| wc.wr_id as u32),
+        );
+        sh.back.extend_from_slice(also);
+        if let Err(e) = sh.pool.give_back(&sh.back) {
+            tracing::warn!("shared receive pool: reposting on close failed: {e}");
+        }
+    }
+
+    fn register_rdv(&self) -> Result<RegisteredBuf, Error> {
+        self.src.take(
+            self.sz.rdv_count * self.sz.rdv_bytes,
+            if self.src.dev.is_some() {
+                Access::Window
+            } else {
+                Access::RemoteWrite
+            },
+        )
+    }
+
+    pub(crate) fn attach_qp(&mut self, qp: Qp) {
+        self.qp = Some(qp);
+    }
+
+    pub(crate) fn qp(&self) -> Option<&Qp> {
+        self.qp.as_ref()
+    }
+
+    /// Address of the region advertised in the hello (0 if on demand).
+    pub(crate) fn rdv_addr(&self) -> u64 {
+        self.rdv.as_ref().map_or(0, |r| r.addr())
+    }
+
+    /// rkey of the region advertised in the hello (0 if on demand).
+    pub(crate) fn rdv_rkey(&self) -> u32 {
+        self.rdv.as_ref().map_or(0, |r| r.rkey())
+    }
+
+    /// Destroys the QP; afterwards the NIC cannot access any buffer. A
+    /// memory window goes first (§4.7): it revokes the peer's access, and a
+    /// window still bound holds its QP (rxe waited ~50 s in
+    /// `ibv_destroy_qp` for it).
+    pub(crate) fn destroy_qp(&mut self) {
+        self.window = None;
+        self.qp = None;
+    }
+
+    /// Posts engine actions (bounds-checked against the pools): all
+    /// receives first (one call), then all sends/writes in order (one call).
+    /// Receives first keeps the rule that a slot is posted before the credit
+    /// for it is returned (§4.2).
+    pub(crate) fn execute(&mut self, actions: &[Action]) -> Result<(), Error> {
+        let qp = self.qp.as_ref().ok_or(Error::Disconnected)?;
+        let mut recvs = std::mem::take(&mut self.recvs);
+        let mut sends = std::mem::take(&mut self.sends);
+        recvs.clear();
+        sends.clear();
+        if let Some(sh) = self.shared.as_mut() {
+            sh.back.clear();
+        }
+        for a in actions {
+            match *a {
+                Action::PostRecv { slot, wr_id } if self.shared.is_some() => {
+                    let sh = self.shared.as_mut().expect("checked");
+                    assert!((slot as usize) < sh.bound.len(), "slot {slot} out of range");
+                    if let Some(h) = sh.bound[slot as usize].take() {
+                        sh.back.push(h.buf);
+                    }
+                    sh.posted.push_back((slot, wr_id));
+                }
+                Action::PostRecv { slot, wr_id } => {
+                    let (seg, off) = self.recv.at(slot as usize);
+                    recvs.push((
+                        wr_id,
+                        seg.addr() + off as u64,
+                        self.sz.recv_slot_bytes as u32,
+                        seg.lkey(),
+                    ));
+                }
+                Action::PostSend {
+                    slot,
+                    len,
+                    wr_id,
+                    signaled,
+                    inline,
+                } => {
+                    assert!(len <= self.sz.send_slot_bytes);
+                    let (seg, off) = self.send.at(slot as usize);
+                    sends.push(SendDesc {
+                        wr_id,
+                        addr: seg.addr() + off as u64,
+                        len: len as u32,
+                        lkey: seg.lkey(),
+                        signaled,
+                        inline,
+                        remote: None,
+                        imm: None,
+                    });
+                }
+                Action::PostWrite {
+                    staging,
+                    len,
+                    remote_addr,
+                    rkey,
+                    wr_id,
+                    signaled,
+                    imm,
+                } => {
+                    let st = staging as usize;
+                    assert!(st < self.sz.rdv_count && len <= self.sz.rdv_bytes);
+                    // A zero-length WRITE (keepalive, §4.4) reads nothing:
+                    // no staging buffer needs to be registered for it.
+                    let (addr, lkey) = match &self.staging {
+                        Some(b) => (b.addr() + (st * self.sz.rdv_bytes) as u64, b.lkey()),
+                        None if len == 0 => (0, 0),
+                        None => panic!("WRITE from staging buffers that are not registered"),
+                    };
+                    sends.push(SendDesc {
+                        wr_id,
+                        addr,
+                        len: len as u32,
+                        lkey,
+                        signaled,
+                        inline: false,
+                        remote: Some((remote_addr, rkey)),
+                        imm,
+                    });
+                }
+            }
+        }
+        // §4.7: the buffers of reposted slots go back to the shared pool
+        // (reposted there) before any credit for them leaves below.
+        let shared = match &self.shared {
+            Some(sh) => sh.pool.give_back(&sh.back),
+            None => Ok(()),
+        };
+        let r = shared
+            // SAFETY: every range was bounds-checked against its registered
+            // pool above; the pools outlive the QP (field order + destroy_qp);
+            // the engine does not touch a receive slot until its completion.
+            .and_then(|()| unsafe { qp.post_recvs(&recvs) })
+            .and_then(|()| {
+                // SAFETY: ranges inside the registered send/staging pools
+                // (checked); the engine reuses a slot only after a covering
+                // completion (§7).
+                unsafe { qp.post_sends(&sends) }
+            });
+        self.recvs = recvs;
+        self.sends = sends;
+        r
+    }
+}
+
+impl Drop for ConnMemory {
+    fn drop(&mut self) {
+        if let (Some(qp), Some(_)) = (&self.qp, &self.shared) {
+            // Flushes the SRQ buffer the QP may have taken (§4.7).
+            let _ = qp.to_error();
+        }
+        // Explicit: the window (see destroy_qp), the QP, then the buffers.
+        self.window = None;
+        self.qp = None;
+        // No work request can reach a block now, nor a peer (the window is
+        // gone): the device pool takes them back.
+        self.recv.trim(&self.src, 0);
+        self.send.trim(&self.src, 0);
+        for b in [self.rdv.take(), self.staging.take()].into_iter().flatten() {
+            self.src.put(b);
+        }
+        if let Some(sh) = self.shared.as_mut() {
+            // The buffer a QP took from the SRQ comes back as a flushed
+            // completion on its CQ (rxe, measured: the last-WQE event is
+            // never raised); every other SRQ buffer stays posted for the
+            // other connections.
+            sh.pool.unreserve(sh.reserved);
+            let cq = sh.cq.clone();
+            let mut wcs = Vec::new();
+            while let Ok(n) = cq.poll(&mut wcs, 32) {
+                if n == 0 {
+                    break;
+                }
+            }
+            // Held buffers go back with the flushed ones.
+            let held: Vec<u32> = sh
+                .bound
+                .iter_mut()
+                .filter_map(|h| h.take())
+                .map(|h| h.buf)
+                .collect();
+            self.reclaim_with(&wcs, &held);
+        }
+    }
+}
+
+impl Buffers for ConnMemory {
+    fn recv_slot(&self, i: u32) -> &[u8] {
+        let s = self.sz.recv_slot_bytes;
+        if let Some(sh) = &self.shared {
+            let h = sh.bound[i as usize]
+                .as_ref()
+                .expect("the engine reads a slot after its receive completed");
+            return h.chunk.slice_local(h.off, s);
+        }
+        let (seg, off) = self.recv.at(i as usize);
+        seg.slice_local(off, s)
+    }
+    fn send_slot(&mut self, i: u32) -> &mut [u8] {
+        let s = self.sz.send_slot_bytes;
+        let (seg, off) = self.send.at_mut(i as usize);
+        seg.slice_mut(off, s)
+    }
+    fn append_rdv(&self, i: u32, len: usize, out: &mut BytesMut) {
+        let s = self.sz.rdv_bytes;
+        assert!(len <= s, "copy of {len} bytes from a {s}-byte buffer");
+        let rdv = self
+            .rdv
+            .as_ref()
+            .expect("a chunk lands in a registered region");
+        rdv.append_to(i as usize * s, len, out)
+    }
+    fn staging(&mut self, i: u32) -> &mut [u8] {
+        let s = self.sz.rdv_bytes;
+        let st = self.staging.as_mut().expect("staging opened before use");
+        st.slice_mut(i as usize * s, s)
+    }
+    fn open_rdv(&mut self) -> Result<(u64, u32), String> {
+        debug_assert!(self.rdv.is_none());
+        let r = self.register_rdv().map_err(|e| e.to_string())?;
+        if self.src.dev.is_none() {
+            let granted = (r.addr(), r.rkey());
+            self.rdv = Some(r);
+            return Ok(granted);
+        }
+        // §4.7: in the shared PD the region's own MR grants no remote
+        // access; a type-2 window bound to this connection's QP does, so
+        // its rkey is refused on every other QP.
+        let qp = self.qp.as_ref().ok_or("the connection is closed")?;
+        let mw = match Mw::new(&self.src.pd) {
+            Ok(mw) => mw,
+            Err(e) => {
+                self.src.put(r);
+                return Err(e.to_string());
+            }
+        };
+        // `window` is declared before `rdv`: the window is deallocated (rkey
+        // revoked) before the region is deregistered, in close_rdv and Drop.
+        // SAFETY: r's MR is live, on this QP's PD, with MW_BIND, covered
+        // exactly by the window (above); read only by raw copies (append_rdv).
+        let rkey = unsafe { qp.bind_window(&mw, r.mr(), r.addr(), r.len() as u64, WR_BIND << 56) }
+            .map_err(|e| e.to_string())?;
+        let granted = (r.addr(), rkey);
+        self.window = Some(mw);
+        self.rdv = Some(r);
+        Ok(granted)
+    }
+    fn close_rdv(&mut self) {
+        // The engine calls this after the peer's RDV_RELEASE: no WRITE of
+        // its can still land (buffer-ownership.md). Deregistered and freed
+        // by RegisteredBuf's Drop, or, behind a window, zeroed and kept by
+        // the device pool; a late WRITE with the old rkey fails at the NIC
+        // and breaks only this connection. A window goes first.
+        self.window = None;
+        if let Some(r) = self.rdv.take() {
+            self.src.put(r);
+        }
+    }
+    fn open_staging(&mut self) -> Result<(), String> {
+        if self.staging.is_none() {
+            let st = self
+                .src
+                .take(self.sz.rdv_count * self.sz.rdv_bytes, Access::Local)
+                .map_err(|e| e.to_string())?;
+            self.staging = Some(st);
+        }
+        Ok(())
+    }
+    fn close_staging(&mut self) {
+        // Called only when every staging buffer is free: no posted WRITE
+        // reads it.
+        if let Some(st) = self.staging.take() {
+            self.src.put(st);
+        }
+    }
+    fn grow_send(&mut self, n: u32) -> Result<(), String> {
+        self.send
+            .ensure(&self.src, n as usize)
+            .map_err(|e| e.to_string())
+    }
+    fn shrink_send(&mut self, n: u32) {
+        self.send.trim(&self.src, n as usize);
+    }
+    fn shrink_recv(&mut self, n: u32) {
+        // §4.7: the peer released the credits above `n`. Its slots leave
+        // the queue of posted ones (no message can be on its way to them:
+        // the peer holds at most `n` credits, and the queue keeps `n`
+        // slots), the buffer of the one being read goes back, and so does
+        // the pool's reservation.
+        let Some(sh) = self.shared.as_mut() else {
+            return;
+        };
+        let n = n as usize;
+        sh.posted.retain(|&(slot, _)| (slot as usize) < n);
+        sh.back.clear();
+        for h in sh.bound.iter_mut().skip(n) {
+            if let Some(h) = h.take() {
+                sh.back.push(h.buf);
+            }
+        }
+        if n < sh.reserved {
+            sh.pool.unreserve(sh.reserved - n);
+            sh.reserved = n;
+        }
+        if let Err(e) = sh.pool.give_back(&sh.back) {
+            tracing::warn!("shared receive pool: reposting failed: {e}");
+        }
+    }
+    fn grow_recv(&mut self, n: u32) -> Result<(), String> {
+        if let Some(sh) = self.shared.as_mut() {
+            let n = (n as usize).min(sh.bound.len());
+            if n > sh.reserved {
+                sh.pool
+                    .reserve(n - sh.reserved)
+                    .map_err(|e| e.to_string())?;
+                sh.reserved = n;
+            }
+            return Ok(());
+        }
+        self.recv
+            .ensure(&self.src, n as usize)
+            .map_err(|e| e.to_string())
+    }
+}
