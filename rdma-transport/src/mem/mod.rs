@@ -2,8 +2,8 @@
 //! registration to its deregistration, and who may reach it when.
 //!
 //! * `registered`: one page-aligned allocation registered with a PD
-//!   (`RegisteredBuf`), the only place memory is registered and freed, and
-//!   the process-wide count of registered bytes,
+//!   (`RegisteredBuf`), the only place memory is registered and freed
+//!   (counted in the process-wide [`REGISTERED_BYTES`], here),
 //! * `device_pool`: the process-wide block pool of a device, which keeps
 //!   blocks a connection let go for the next one (buffer-ownership.md,
 //!   "Process-wide block pool"),
