@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 
-use super::wire::{Header, Hello, Kind, FLAG_LAST, HDR_LEN, VERSION};
+use super::wire::{Header, Hello, Kind, FLAG_CLOSE_SEEN, FLAG_LAST, HDR_LEN, VERSION};
 use super::*;
 
 const RDV_BASE: u64 = 0x10_0000_0000;
