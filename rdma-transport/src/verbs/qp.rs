@@ -1,0 +1,357 @@
+//! The RC queue pair of a connection ([`Qp`]), created through rdma_cm on
+//! its cm_id: posting receives, SENDs, RDMA WRITEs and memory-window binds
+//! with work requests built on the stack, and the state changes every QP
+//! here goes through.
+
+use std::sync::Arc;
+
+use rdma_sys::*;
+
+use super::cm;
+// Named imports shadow rdma-sys' `extern` declarations: these call the
+// libraries loaded at run time (see `dl`).
+use super::dl::{ibv_modify_qp, rdma_create_qp, rdma_destroy_qp};
+use super::{verb_err, Cq, Mw, Pd, Srq};
+use crate::error::{Errno, Error};
+
+/// Work requests per `ibv_post_send` / `ibv_post_recv` call, built on the
+/// stack (longer lists are posted in several calls, in order).
+pub(crate) const POST_BATCH: usize = 16;
+
+/// One SEND (`remote == None`) or RDMA WRITE to `(addr, rkey)`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendDesc {
+    pub wr_id: u64,
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+    pub signaled: bool,
+    pub inline: bool,
+    pub remote: Option<(u64, u32)>,
+    /// With `remote`: RDMA WRITE with this immediate data (host byte order).
+    pub imm: Option<u32>,
+}
+
+/// Sizes of a QP, and the shared receive queue it takes receives from.
+pub(crate) struct QpCaps {
+    pub send_wr: u32,
+    /// Ignored with `srq`: the QP then has no receive queue of its own.
+    pub recv_wr: u32,
+    pub inline: u32,
+    pub srq: Option<Arc<Srq>>,
+}
+
+/// RC queue pair created through rdma_cm on a cm_id (rdma_cm drives the
+/// INIT/RTR/RTS transitions during connect/accept).
+pub(crate) struct Qp {
+    id: Arc<cm::CmId>,
+    qp: *mut ibv_qp,
+    _pd: Arc<Pd>,
+    _send_cq: Arc<Cq>,
+    _recv_cq: Arc<Cq>,
+    _srq: Option<Arc<Srq>>,
+    pub(crate) max_inline: u32,
+}
+
+// SAFETY: thread-safe verbs object, pointer only passed to libibverbs.
+unsafe impl Send for Qp {}
+
+impl Qp {
+    pub(crate) fn new(
+        id: Arc<cm::CmId>,
+        pd: Arc<Pd>,
+        send_cq: Arc<Cq>,
+        recv_cq: Arc<Cq>,
+        caps: QpCaps,
+    ) -> Result<Qp, Error> {
+        let QpCaps {
+            send_wr,
+            recv_wr,
+            inline,
+            srq,
+        } = caps;
+        let mut inline_try = inline;
+        loop {
+            // SAFETY: ibv_qp_init_attr is plain C data; zero is valid.
+            let mut attr: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            attr.send_cq = send_cq.ptr;
+            attr.recv_cq = recv_cq.ptr;
+            attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+            attr.sq_sig_all = 0;
+            attr.cap.max_send_wr = send_wr;
+            // With a shared receive queue the QP has no receive queue of
+            // its own (§4.7).
+            attr.cap.max_recv_wr = if srq.is_some() { 0 } else { recv_wr };
+            attr.srq = srq.as_ref().map_or(std::ptr::null_mut(), |s| s.ptr);
+            attr.cap.max_send_sge = 1;
+            attr.cap.max_recv_sge = 1;
+            attr.cap.max_inline_data = inline_try;
+            // SAFETY: id is resolved (has a device), pd/cq/srq are live and
+            // on the same device; attr is fully initialised.
+            let r = unsafe { rdma_create_qp(id.ptr, pd.ptr, &mut attr) };
+            if r == 0 {
+                // SAFETY: on success rdma_create_qp stored the QP in id->qp.
+                let qp = unsafe { (*id.ptr).qp };
+                return Ok(Qp {
+                    id,
+                    qp,
+                    _pd: pd,
+                    _send_cq: send_cq,
+                    _recv_cq: recv_cq,
+                    _srq: srq,
+                    max_inline: attr.cap.max_inline_data,
+                });
+            }
+            if inline_try == 0 {
+                return Err(verb_err("rdma_create_qp"));
+            }
+            // Device refused the inline size: retry with less (down to 0).
+            inline_try = if inline_try > 32 { inline_try / 2 } else { 0 };
+        }
+    }
+
+    /// Moves the QP to the error state: outstanding work requests are
+    /// flushed with IBV_WC_WR_FLUSH_ERR.
+    pub(crate) fn to_error(&self) -> Result<(), Error> {
+        // SAFETY: live QP (self).
+        unsafe { qp_to_error(self.qp) }
+    }
+
+    /// Posts receives, one `ibv_post_recv` call per batch of up to
+    /// [`POST_BATCH`] (work requests built on the stack: nothing is
+    /// allocated per post). Each entry is `(wr_id, addr, len, lkey)`.
+    ///
+    /// # Safety
+    /// Every range must lie in memory registered with its `lkey` on this
+    /// QP's PD that stays allocated and is neither read nor written by the
+    /// CPU until the receive completes (or the QP is destroyed).
+    pub(crate) unsafe fn post_recvs(&self, list: &[(u64, u64, u32, u32)]) -> Result<(), Error> {
+        // SAFETY: the caller's contract; `wr` is the list built by
+        // post_recv_list, live across the call, and the QP is live.
+        unsafe {
+            post_recv_list(list, "ibv_post_recv", |wr, bad| {
+                ibv_post_recv(self.qp, wr, bad)
+            })
+        }
+    }
+
+    /// Binds the type-2 window `mw` to this QP over `[addr, addr+len)` of
+    /// `mr` with remote write access, by a signaled bind work request
+    /// (`wr_id`), and returns the window's new rkey. Work requests posted
+    /// after it on this QP are executed after the bind (send queue order),
+    /// so an rkey sent in a later SEND is valid when the peer gets it.
+    ///
+    /// # Safety
+    /// `mr` is live, registered on this QP's PD with `IBV_ACCESS_MW_BIND`,
+    /// and `[addr, addr+len)` lies inside it; the memory stays registered
+    /// and allocated until `mw` is deallocated (which revokes the rkey),
+    /// and is only read through raw copies meanwhile (the peer may write it).
+    pub(crate) unsafe fn bind_window(
+        &self,
+        mw: &Mw,
+        mr: *mut ibv_mr,
+        addr: u64,
+        len: u64,
+        wr_id: u64,
+    ) -> Result<u32, Error> {
+        // SAFETY: mw is a live window (plain field read).
+        let rkey = unsafe { ibv_inc_rkey((*mw.ptr).rkey) };
+        // SAFETY: ibv_send_wr is plain C data (unions of PODs); zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.bind_mw_tso_union.bind_mw = bind_mw_t {
+            mw: mw.ptr,
+            rkey,
+            bind_info: ibv_mw_bind_info {
+                mr,
+                addr,
+                length: len,
+                mw_access_flags: ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+            },
+        };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; the work request lives across the call (the
+        // provider copies it); the memory rules are the caller's contract.
+        let r = unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) };
+        if r != 0 {
+            return Err(Error::Verb {
+                verb: "ibv_post_send(BIND_MW)",
+                errno: Errno(r),
+            });
+        }
+        Ok(rkey)
+    }
+
+    /// Posts SENDs and RDMA WRITEs in order, one `ibv_post_send` call per
+    /// batch of up to [`POST_BATCH`] (built on the stack, nothing allocated).
+    ///
+    /// # Safety
+    /// Every `[addr, addr+len)` must lie in memory registered with its
+    /// `lkey` that stays allocated and is not written by the CPU until a
+    /// completion covering that work request is polled.
+    pub(crate) unsafe fn post_sends(&self, list: &[SendDesc]) -> Result<(), Error> {
+        for batch in list.chunks(POST_BATCH) {
+            // SAFETY: ibv_sge / ibv_send_wr are plain C data (unions of
+            // PODs); all-zero is a valid value.
+            let mut sges: [ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut wrs: [ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+            let n = batch.len();
+            for (i, d) in batch.iter().enumerate() {
+                sges[i] = ibv_sge {
+                    addr: d.addr,
+                    length: d.len,
+                    lkey: d.lkey,
+                };
+                let mut flags = 0;
+                if d.signaled {
+                    flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+                }
+                if d.inline {
+                    flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+                }
+                let wr = &mut wrs[i];
+                wr.wr_id = d.wr_id;
+                wr.num_sge = if d.len == 0 { 0 } else { 1 };
+                wr.send_flags = flags;
+                match d.remote {
+                    None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
+                    Some((remote_addr, rkey)) => {
+                        wr.opcode = match d.imm {
+                            None => ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                            Some(imm) => {
+                                wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                                ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+                            }
+                        };
+                        wr.wr.rdma = rdma_t { remote_addr, rkey };
+                    }
+                }
+            }
+            let base = wrs.as_mut_ptr();
+            let sbase = sges.as_mut_ptr();
+            for i in 0..n {
+                // SAFETY: i < n <= POST_BATCH: both pointers stay inside
+                // their arrays, which live on this frame across the call.
+                unsafe {
+                    (*base.add(i)).sg_list = sbase.add(i);
+                    if i + 1 < n {
+                        (*base.add(i)).next = base.add(i + 1);
+                    }
+                }
+            }
+            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: list and SGEs live across the call; buffer validity is
+            // the caller's contract (see # Safety).
+            let r = unsafe { ibv_post_send(self.qp, base, &mut bad) };
+            if r != 0 {
+                return Err(Error::Verb {
+                    verb: "ibv_post_send",
+                    errno: Errno(r),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: the QP was created by rdma_create_qp on this id and is
+        // destroyed once; after this the NIC no longer accesses our buffers.
+        unsafe { rdma_destroy_qp(self.id.ptr) };
+    }
+}
+
+/// `ibv_modify_qp`; a failure is an error naming `verb`.
+///
+/// # Safety
+/// `qp` is a live QP, and `a` holds valid values for every field `mask`
+/// selects.
+pub(super) unsafe fn modify_qp(
+    qp: *mut ibv_qp,
+    a: &mut ibv_qp_attr,
+    mask: ibv_qp_attr_mask,
+    verb: &'static str,
+) -> Result<(), Error> {
+    // SAFETY: the caller's contract (above).
+    let r = unsafe { ibv_modify_qp(qp, a, mask.0 as i32) };
+    if r != 0 {
+        return Err(Error::Verb {
+            verb,
+            errno: Errno(r),
+        });
+    }
+    Ok(())
+}
+
+/// Moves a QP to the error state (its posted work requests are flushed).
+///
+/// # Safety
+/// `qp` is a live QP.
+pub(super) unsafe fn qp_to_error(qp: *mut ibv_qp) -> Result<(), Error> {
+    // SAFETY: ibv_qp_attr is plain C data; zero is valid.
+    let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+    // SAFETY: live QP (the caller's contract); only the state is selected.
+    unsafe {
+        modify_qp(
+            qp,
+            &mut a,
+            ibv_qp_attr_mask::IBV_QP_STATE,
+            "ibv_modify_qp(ERR)",
+        )
+    }
+}
+
+/// Builds a linked list of receive work requests on the stack, a batch of
+/// up to [`POST_BATCH`] at a time, and hands each to `post` (an
+/// `ibv_post_recv` or `ibv_post_srq_recv`). Each entry is `(wr_id, addr,
+/// len, lkey)`.
+///
+/// # Safety
+/// `post` must post the list it is given to a live queue; the buffer rules
+/// of [`Qp::post_recvs`] apply to every range.
+pub(super) unsafe fn post_recv_list(
+    list: &[(u64, u64, u32, u32)],
+    verb: &'static str,
+    mut post: impl FnMut(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> i32,
+) -> Result<(), Error> {
+    for batch in list.chunks(POST_BATCH) {
+        // SAFETY: ibv_sge / ibv_recv_wr are plain C data; zero is valid.
+        let mut sges: [ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut wrs: [ibv_recv_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+        let n = batch.len();
+        for (i, &(wr_id, addr, length, lkey)) in batch.iter().enumerate() {
+            sges[i] = ibv_sge { addr, length, lkey };
+            wrs[i].wr_id = wr_id;
+            wrs[i].num_sge = 1;
+        }
+        let base = wrs.as_mut_ptr();
+        let sbase = sges.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < n <= POST_BATCH: both pointers stay inside
+            // their arrays, which live on this frame across the call.
+            unsafe {
+                (*base.add(i)).sg_list = sbase.add(i);
+                if i + 1 < n {
+                    (*base.add(i)).next = base.add(i + 1);
+                }
+            }
+        }
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // The linked list and its SGEs live across the call (the provider
+        // copies them); buffer validity is the caller's contract.
+        let r = post(base, &mut bad);
+        if r != 0 {
+            return Err(Error::Verb {
+                verb,
+                errno: Errno(r),
+            });
+        }
+    }
+    Ok(())
+}
