@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs every test of the project (the README's test command; .ci/run calls it):
 #   1. host: unit tests, engine/property tests, codegen, the behaviour suite over the
-#      in-memory and TCP paths (RDMA tests print SKIP on a host without a device);
+#      in-memory and TCP paths (the RDMA tests are #[ignore]d: listed as ignored);
 #      a tonic project outside the workspace built and run (scripts/downstream-check.sh);
 #   2. a stock gRPC client (Python grpcio) against helloworld-server over TCP; the
 #      binaries without the RDMA libraries (scripts/no-rdma-libs.sh);
 #   3. the device suite in ONE Soft-RoCE VM boot (scripts/vm-suite.sh): rdma-transport
 #      on real verbs, the behaviour suite over RDMA, transport selection and fallback,
-#      the examples. Inside the VM, a missing device fails the tests loudly.
+#      the examples (the ignored device tests run there with --include-ignored).
+#      Inside the VM, a missing device fails the tests loudly.
 # Needs: the apt packages .ci/run installs, and ../shared/softroce/ (or SOFTROCE_SCRIPT).
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -2,10 +2,14 @@
 //!
 //! * `Memory`: the call protocol over the in-memory connection;
 //! * `Tcp`: standard gRPC over HTTP/2 (tonic's transport) on loopback;
-//! * `Rdma`: the call protocol over rdma-transport. Needs an RDMA device: when
-//!   there is none the test prints `SKIP ...` and returns, unless the
-//!   environment says one is expected (`SOFTROCE_IN_VM=1` or
-//!   `RDMA_TEST_REQUIRE_DEVICE=1`), in which case it fails.
+//! * `Rdma`: the call protocol over rdma-transport. Needs an RDMA device, so
+//!   every RDMA test is `#[ignore]`d: a plain `cargo test` lists it as
+//!   ignored. The Soft-RoCE VM suite (`scripts/vm-suite.sh`) runs them with
+//!   `--include-ignored`. Run that way on a host without a device, a test
+//!   prints `SKIP ...` and returns, unless the environment says a device is
+//!   expected (`SOFTROCE_IN_VM=1` or `RDMA_TEST_REQUIRE_DEVICE=1`), in which
+//!   case it fails; so does [`assert_device_tests_included`] when the ignored
+//!   tests were left out where a device is expected.
 
 pub mod tonic_example;
 
@@ -53,6 +57,25 @@ enum Server {
 pub fn device_required() -> bool {
     std::env::var("SOFTROCE_IN_VM").is_ok_and(|v| v == "1")
         || std::env::var("RDMA_TEST_REQUIRE_DEVICE").is_ok_and(|v| v == "1")
+}
+
+/// Fails when a device is expected ([`device_required`]) but this test binary
+/// runs without its `#[ignore]`d device tests (no `--include-ignored` or
+/// `--ignored`): they would be counted as ignored, not run. Each device test
+/// binary calls it from a test of its own that is not ignored. Under
+/// cargo-nextest (which runs one test per process and has its own
+/// `--run-ignored`) it checks nothing.
+pub fn assert_device_tests_included() {
+    if !device_required() || std::env::var_os("NEXTEST").is_some() {
+        return;
+    }
+    let included = std::env::args().any(|a| a == "--include-ignored" || a == "--ignored");
+    assert!(
+        included,
+        "an RDMA device is expected (SOFTROCE_IN_VM=1 / RDMA_TEST_REQUIRE_DEVICE=1) but the \
+         device tests are #[ignore]d in this run: pass --include-ignored to the test binary \
+         (cargo test -- --include-ignored)"
+    );
 }
 
 /// The IP to use for RDMA tests.
@@ -252,17 +275,47 @@ pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
     cond()
 }
 
-/// Declares one test per transport path for a behaviour `async fn(Fixture)`.
+/// Declares one test per transport path for a behaviour `async fn(Fixture)`:
+/// `mod name { memory, tcp, rdma }`, the `rdma` one `#[ignore]`d (it needs a
+/// device; see the crate docs). `name => router` serves `router` instead of
+/// [`router`] (as [`on_paths!`]).
 #[macro_export]
 macro_rules! on_every_path {
-    ($($name:ident),* $(,)?) => {$(
+    ($($names:tt)*) => {
+        $crate::on_paths!([memory, tcp, rdma] $($names)*);
+    };
+}
+
+/// As [`on_every_path!`] on the listed paths only, e.g.
+/// `on_paths!([tcp, rdma] needs_an_address)`; with `name => router`, the
+/// fixture serves `router` ([`run_with`]) instead of [`router`].
+#[macro_export]
+macro_rules! on_paths {
+    (@mod [$($path:ident),*] $name:ident $router:tt) => {
         mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() { rpc_tests::run(rpc_tests::Path::Memory, super::$name).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn tcp() { rpc_tests::run(rpc_tests::Path::Tcp, super::$name).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn rdma() { rpc_tests::run(rpc_tests::Path::Rdma, super::$name).await }
+            $($crate::on_paths!(@test $path $name $router);)*
         }
+    };
+    (@test memory $name:ident $router:tt) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn memory() { $crate::on_paths!(@run Memory $name $router) }
+    };
+    (@test tcp $name:ident $router:tt) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn tcp() { $crate::on_paths!(@run Tcp $name $router) }
+    };
+    (@test rdma $name:ident $router:tt) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+        async fn rdma() { $crate::on_paths!(@run Rdma $name $router) }
+    };
+    (@run $path:ident $name:ident ()) => {
+        $crate::run($crate::Path::$path, super::$name).await
+    };
+    (@run $path:ident $name:ident ($router:expr)) => {
+        $crate::run_with($crate::Path::$path, $router, super::$name).await
+    };
+    ($paths:tt $($name:ident $(=> $router:expr)?),* $(,)?) => {$(
+        $crate::on_paths!(@mod $paths $name ($($router)?));
     )*};
 }

@@ -6,8 +6,9 @@
 //! connection's (or a closed connection's) rkey, and a well-behaved
 //! connection to the same listener must keep working throughout.
 //!
-//! Like `verbs.rs`: without a device they print `SKIP`, unless
-//! `SOFTROCE_IN_VM=1` / `RDMA_TEST_REQUIRE_DEVICE=1` says one is expected.
+//! Like `verbs.rs`: `#[ignore]`d (run with `--include-ignored`); without a
+//! device they print `SKIP`, unless `SOFTROCE_IN_VM=1` /
+//! `RDMA_TEST_REQUIRE_DEVICE=1` says one is expected.
 //! Section numbers refer to `docs/wire-protocol-rdma.md`.
 
 use std::collections::HashMap;
@@ -327,6 +328,7 @@ async fn expect_refused(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn sending_without_credit_closes_the_connection() {
     let Some(ip) = device_ip("sending_without_credit_closes_the_connection") else {
         return;
@@ -405,6 +407,7 @@ async fn overrun_credits(ip: IpAddr, cfg: Config, granted: u32) {
 /// listener, knowing the address and the window's rkey, is refused by the
 /// NIC. (On siw, without SRQ, the region's own PD gives the same answer.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn granted_windows_work_only_on_their_own_connection() {
     let Some(ip) = device_ip("granted_windows_work_only_on_their_own_connection") else {
         return;
@@ -447,6 +450,7 @@ async fn granted_windows_work_only_on_their_own_connection() {
 /// next one, so a peer that announces a chunk it never wrote reads zeros,
 /// not what another connection's peer wrote there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn a_recycled_region_holds_nothing_of_its_last_connection() {
     let Some(ip) = device_ip("a_recycled_region_holds_nothing_of_its_last_connection") else {
         return;
@@ -514,6 +518,7 @@ async fn a_recycled_region_holds_nothing_of_its_last_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn forged_rendezvous_notifications_close_the_connection() {
     let Some(ip) = device_ip("forged_rendezvous_notifications_close_the_connection") else {
         return;
@@ -674,6 +679,7 @@ async fn forged_rendezvous_notifications_close_the_connection() {
 /// §5.4: forged chunk notifications by RDMA WRITE with immediate data. Each
 /// closes only the offender's connection, with the exact violation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn forged_immediates_close_the_connection() {
     let Some(ip) = device_ip("forged_immediates_close_the_connection") else {
         return;
@@ -782,6 +788,7 @@ async fn forged_immediates_close_the_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn the_nic_refuses_writes_outside_the_advertised_region() {
     let Some(ip) = device_ip("the_nic_refuses_writes_outside_the_advertised_region") else {
         return;
@@ -819,6 +826,7 @@ async fn the_nic_refuses_writes_outside_the_advertised_region() {
 /// the NIC; the echo service keeps working for everyone else, and for
 /// large messages (REQUEST, GRANT, then rendezvous).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn on_demand_region_is_never_writable_ungranted() {
     let Some(ip) = device_ip("on_demand_region_is_never_writable_ungranted") else {
         return;
@@ -862,6 +870,7 @@ async fn on_demand_region_is_never_writable_ungranted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn rkeys_work_only_on_their_own_live_connection() {
     let Some(ip) = device_ip("rkeys_work_only_on_their_own_live_connection") else {
         return;
@@ -918,6 +927,7 @@ async fn rkeys_work_only_on_their_own_live_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn a_peer_that_never_returns_credits_gets_no_more_sends() {
     let Some(ip) = device_ip("a_peer_that_never_returns_credits_gets_no_more_sends") else {
         return;
@@ -980,6 +990,7 @@ async fn a_peer_that_never_returns_credits_gets_no_more_sends() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn a_lying_hello_is_refused_or_fails_only_that_connection() {
     let Some(ip) = device_ip("a_lying_hello_is_refused_or_fails_only_that_connection") else {
         return;
@@ -1050,6 +1061,7 @@ async fn a_lying_hello_is_refused_or_fails_only_that_connection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn a_silently_dead_peer_is_found_by_keepalive() {
     let Some(ip) = device_ip("a_silently_dead_peer_is_found_by_keepalive") else {
         return;

@@ -1,6 +1,9 @@
-//! Device tests: need an RDMA device (Soft-RoCE VM: see README / crate docs).
-//! Without one they print `SKIP` and pass, unless `SOFTROCE_IN_VM=1` or
-//! `RDMA_TEST_REQUIRE_DEVICE=1` is set, in which case they fail loudly.
+//! Device tests: need an RDMA device (Soft-RoCE VM: see README / crate docs),
+//! so they are `#[ignore]`d: a plain `cargo test` lists them as ignored, the
+//! VM suite runs them with `--include-ignored`. Run so without a device they
+//! print `SKIP` and pass, unless `SOFTROCE_IN_VM=1` or
+//! `RDMA_TEST_REQUIRE_DEVICE=1` is set, in which case they fail loudly (and
+//! so does a run that leaves them out: `common::device_tests_run_where_a_device_is_expected`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -70,24 +73,36 @@ fn devices_never_crash() {
     println!("devices: {d:?}");
 }
 
+/// A host without RDMA: connecting fails cleanly with a fallback reason.
+/// (With a device: `no_device_or_no_listener_is_clean_error`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_device_is_a_clean_fallback_error() {
+    if !devices().map(|d| d.is_empty()).unwrap_or(true) {
+        println!("SKIP no_device_is_a_clean_fallback_error: this host has an RDMA device (checked on a host without one)");
+        return;
+    }
+    let cfg = Config {
+        connect_timeout: Duration::from_secs(3),
+        ..Config::default()
+    };
+    let r = connect("127.0.0.1:7471".parse().unwrap(), &cfg).await;
+    let e = r.expect_err("must fail");
+    println!("host connect error: {e}");
+    assert!(e.is_unavailable_for_fallback(), "{e:?}");
+}
+
+/// With a device: a port without a listener, a host that never answers ARP
+/// and an address that is not RDMA-reachable each fail cleanly and promptly.
+/// (Without a device: `no_device_is_a_clean_fallback_error`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn no_device_or_no_listener_is_clean_error() {
     let cfg = Config {
         connect_timeout: Duration::from_secs(3),
         ..Config::default()
     };
-    let ip = match device_ip("no_device_or_no_listener_is_clean_error") {
-        Some(ip) => ip,
-        None => {
-            // Host without RDMA: connecting must fail cleanly with a fallback reason.
-            if devices().map(|d| d.is_empty()).unwrap_or(true) {
-                let r = connect("127.0.0.1:7471".parse().unwrap(), &cfg).await;
-                let e = r.expect_err("must fail");
-                println!("host connect error: {e}");
-                assert!(e.is_unavailable_for_fallback(), "{e:?}");
-            }
-            return;
-        }
+    let Some(ip) = device_ip("no_device_or_no_listener_is_clean_error") else {
+        return;
     };
     let t = Instant::now();
     let r = tokio::time::timeout(
@@ -139,6 +154,7 @@ async fn no_device_or_no_listener_is_clean_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn message_sizes_integrity() {
     let Some(ip) = device_ip("message_sizes_integrity") else {
         return;
@@ -204,6 +220,7 @@ async fn message_sizes_integrity() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn many_small_messages_in_order_no_rnr() {
     let Some(ip) = device_ip("many_small_messages_in_order_no_rnr") else {
         return;
@@ -257,6 +274,7 @@ async fn many_small_messages_in_order_no_rnr() {
 /// the handler may send on the same connection (it runs outside the core
 /// lock), here echoing every message back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn inline_delivery_in_order_and_may_send() {
     let Some(ip) = device_ip("inline_delivery_in_order_and_may_send") else {
         return;
@@ -335,6 +353,7 @@ async fn inline_delivery_in_order_and_may_send() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn both_directions_at_once() {
     let Some(ip) = device_ip("both_directions_at_once") else {
         return;
@@ -376,6 +395,7 @@ async fn both_directions_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn eight_connections_concurrently() {
     let Some(ip) = device_ip("eight_connections_concurrently") else {
         return;
@@ -440,6 +460,7 @@ async fn eight_connections_concurrently() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn message_too_large_and_drop_semantics() {
     let Some(ip) = device_ip("message_too_large_and_drop_semantics") else {
         return;
@@ -471,6 +492,7 @@ async fn message_too_large_and_drop_semantics() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn held_messages_and_dropped_recv_half_do_not_stall() {
     let Some(ip) = device_ip("held_messages_and_dropped_recv_half_do_not_stall") else {
         return;
@@ -514,6 +536,7 @@ async fn held_messages_and_dropped_recv_half_do_not_stall() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn a_receiver_that_does_not_read_holds_back_the_sender() {
     let Some(ip) = device_ip("a_receiver_that_does_not_read_holds_back_the_sender") else {
         return;
@@ -573,6 +596,7 @@ async fn a_receiver_that_does_not_read_holds_back_the_sender() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn the_registered_memory_cap_refuses_connections_cleanly() {
     let Some(ip) = device_ip("the_registered_memory_cap_refuses_connections_cleanly") else {
         return;
@@ -661,6 +685,7 @@ async fn the_registered_memory_cap_refuses_connections_cleanly() {
 /// buffers; an idle interval later both are released; the next large
 /// message gets them again; closing frees everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn memory_on_demand_follows_traffic() {
     let Some(ip) = device_ip("memory_on_demand_follows_traffic") else {
         return;
@@ -748,6 +773,7 @@ async fn memory_on_demand_follows_traffic() {
 /// to address and rkey 0 (the NIC must take it without checking them), on
 /// iWARP a CREDIT message. Either way the connection stays up and works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn idle_keepalives_without_a_region_keep_the_connection() {
     let Some(ip) = device_ip("idle_keepalives_without_a_region_keep_the_connection") else {
         return;
@@ -790,8 +816,10 @@ async fn idle_keepalives_without_a_region_keep_the_connection() {
 
 const CHILD_ENV: &str = "RDMA_TEST_CHILD_CONNECT";
 
-/// Child role for `peer_killed_mid_transfer` (no-op unless the env var is set).
+/// Child role for `peer_killed_mid_transfer` (no-op unless the env var is
+/// set). Not a test of its own: `peer_killed_mid_transfer` runs it with `--ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of peer_killed_mid_transfer (which runs it)"]
 async fn child_role_sender() {
     let Ok(addr) = std::env::var(CHILD_ENV) else {
         return;
@@ -811,6 +839,7 @@ async fn child_role_sender() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn peer_killed_mid_transfer() {
     let Some(ip) = device_ip("peer_killed_mid_transfer") else {
         return;
@@ -824,6 +853,7 @@ async fn peer_killed_mid_transfer() {
         let exe = std::env::current_exe().unwrap();
         let mut child = std::process::Command::new(exe)
             .args([
+                "--ignored",
                 "--exact",
                 "child_role_sender",
                 "--nocapture",
@@ -899,6 +929,7 @@ fn futures_are_send_static() {
 /// needs two free slots (wire protocol §7: that stalled for ever before the
 /// signalling interval followed the ring in use).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn smallest_rings_carry_large_messages() {
     let Some(ip) = device_ip("smallest_rings_carry_large_messages") else {
         return;
@@ -966,6 +997,7 @@ async fn smallest_rings_carry_large_messages() {
 /// with the last connection. Each message arrives intact, small ones in
 /// the shared buffers and large ones through the connection's own window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn a_shared_receive_queue_serves_every_connection() {
     let Some(ip) = device_ip("a_shared_receive_queue_serves_every_connection") else {
         return;
@@ -1126,6 +1158,7 @@ async fn bursts_until(
 /// both ways, and its credits grow again under the next burst. On siw,
 /// without SRQ, its ring stays grown (a posted receive cannot be taken back).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn idle_credits_go_back_to_the_shared_pool() {
     let Some(ip) = device_ip("idle_credits_go_back_to_the_shared_pool") else {
         return;
@@ -1224,6 +1257,7 @@ async fn pooled_at_least(bytes: usize) -> usize {
 /// deregistered. Where the device has no memory windows (siw) every
 /// connection keeps a PD and buffers of its own: nothing is pooled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn a_closed_connections_blocks_serve_the_next_one() {
     let Some(ip) = device_ip("a_closed_connections_blocks_serve_the_next_one") else {
         return;
@@ -1322,6 +1356,7 @@ async fn a_closed_connections_blocks_serve_the_next_one() {
 /// chunks deregistered, without waiting for traffic; the connection that
 /// stays keeps every credit it has (no RNR), and works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn closed_connections_buffers_leave_the_shared_queue() {
     let Some(ip) = device_ip("closed_connections_buffers_leave_the_shared_queue") else {
         return;

@@ -147,6 +147,7 @@ async fn balance_list_spreads() {
 /// third of the way in one server is killed and another added. Only calls in
 /// flight on the killed server may fail, as UNAVAILABLE; the others spread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn rdma_server_killed_and_added() {
     let Some(ip) = rdma_ip() else {
         if device_required() {

@@ -12,23 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::Code;
 
-/// A builder for a new channel to the fixture's server on its path, or a
-/// printed skip on the in-memory path (it has no address).
-fn endpoint(fx: &Fixture, test: &str, uri: bool) -> Option<ChannelBuilder> {
-    let Some((addr, t)) = fx.target() else {
-        println!("SKIP {test} over memory: channel builder options need an address (tested over TCP and RDMA)");
-        return None;
-    };
+/// A builder for a new channel to the fixture's server on its path (these
+/// tests run over TCP and RDMA only: the in-memory path has no address).
+fn endpoint(fx: &Fixture, uri: bool) -> ChannelBuilder {
+    let (addr, t) = fx.target().expect("a network path");
     let target = if uri {
         format!("http://{addr}")
     } else {
         addr.to_string()
     };
-    Some(
-        Channel::from_shared(target.to_string())
-            .unwrap()
-            .transport(t),
-    )
+    Channel::from_shared(target).unwrap().transport(t)
 }
 
 fn delayed(ms: u32) -> EchoRequest {
@@ -39,9 +32,6 @@ fn delayed(ms: u32) -> EchoRequest {
 }
 
 async fn channel_accepts_uris(fx: Fixture) {
-    let Some(_) = endpoint(&fx, "channel_accepts_uris", false) else {
-        return;
-    };
     let (addr, t) = fx.target().unwrap();
     let uri: http::Uri = format!("http://{addr}").parse().unwrap();
     // tonic's signature: `Channel::builder(Uri)`, with `.parse().unwrap()` inferred.
@@ -102,9 +92,7 @@ async fn channel_accepts_uris(fx: Fixture) {
 }
 
 async fn channel_timeout(fx: Fixture) {
-    let Some(b) = endpoint(&fx, "channel_timeout", true) else {
-        return;
-    };
+    let b = endpoint(&fx, true);
     let mut c = EchoClient::new(
         b.timeout(Duration::from_millis(200))
             .connect()
@@ -132,9 +120,7 @@ async fn channel_timeout(fx: Fixture) {
 }
 
 async fn channel_concurrency_limit(fx: Fixture) {
-    let Some(b) = endpoint(&fx, "channel_concurrency_limit", false) else {
-        return;
-    };
+    let b = endpoint(&fx, false);
     let ch = b.concurrency_limit(2).connect().await.unwrap();
     let stats = fx.stats.clone();
     let max_seen = Arc::new(AtomicUsize::new(0));
@@ -169,9 +155,7 @@ async fn channel_concurrency_limit(fx: Fixture) {
 }
 
 async fn channel_rate_limit(fx: Fixture) {
-    let Some(b) = endpoint(&fx, "channel_rate_limit", false) else {
-        return;
-    };
+    let b = endpoint(&fx, false);
     // Two calls per hour: the third waits (it would for an hour).
     let ch = b
         .rate_limit(2, Duration::from_secs(3600))
@@ -191,10 +175,7 @@ async fn channel_rate_limit(fx: Fixture) {
 }
 
 async fn channel_connect_lazy(fx: Fixture) {
-    let Some((addr, t)) = fx.target() else {
-        println!("SKIP channel_connect_lazy over memory: needs an address");
-        return;
-    };
+    let (addr, t) = fx.target().expect("a network path");
     // A lazy channel to a port where nothing listens yet: created at once,
     // its calls fail UNAVAILABLE, and it connects once a server is there.
     let free = {
@@ -227,10 +208,6 @@ async fn channel_connect_lazy(fx: Fixture) {
 }
 
 async fn rdma_config_is_used(fx: Fixture) {
-    if fx.path != Path::Rdma {
-        println!("SKIP rdma_config_is_used over {:?}: RDMA only", fx.path);
-        return;
-    }
     let (addr, t) = fx.target().unwrap();
     let bad = rpc_core::RdmaConfig {
         recv_slots: 1,
@@ -271,14 +248,15 @@ async fn rdma_config_is_used(fx: Fixture) {
     h.shutdown().await.unwrap();
 }
 
-rpc_tests::on_every_path!(
-    channel_accepts_uris,
+// The channel builder's options need an address: TCP and RDMA only.
+rpc_tests::on_paths!(
+    [tcp, rdma] channel_accepts_uris,
     channel_timeout,
     channel_concurrency_limit,
     channel_rate_limit,
     channel_connect_lazy,
-    rdma_config_is_used,
 );
+rpc_tests::on_paths!([rdma] rdma_config_is_used);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn channel_connect_timeout() {
@@ -320,21 +298,7 @@ fn with_echo(mut server: Server, stats: Arc<rpc_examples::echo::EchoStats>) -> r
     server.add_service(EchoServer::new(rpc_examples::echo::EchoService { stats }))
 }
 
-/// Declares one test per path for `async fn(Fixture)` on a custom router.
-macro_rules! on_every_path_with {
-    ($($name:ident => $router:expr),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() { rpc_tests::run_with(rpc_tests::Path::Memory, $router, super::$name).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn tcp() { rpc_tests::run_with(rpc_tests::Path::Tcp, $router, super::$name).await }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn rdma() { rpc_tests::run_with(rpc_tests::Path::Rdma, $router, super::$name).await }
-        }
-    )*};
-}
-
-on_every_path_with!(
+rpc_tests::on_every_path!(
     server_timeout => |stats| super::with_echo(rpc_core::Server::builder().timeout(std::time::Duration::from_millis(200)), stats),
     server_layer => super::layered_router,
     server_optional_services_and_routes => super::optional_router,

@@ -221,6 +221,7 @@ macro_rules! over_memory_and_rdma {
                     .expect("finished within 60 s")
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
             async fn rdma() {
                 let t = std::time::Duration::from_secs(120);
                 tokio::time::timeout(t, super::$name(super::Over::Rdma))
@@ -543,6 +544,7 @@ async fn client_disconnect_cancels_its_handlers(over: Over) {
 /// (`MAX_RDMA_FRAME`, advertised in the server's hello) closes the connection
 /// at its first chunk notification, before anything is reserved for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn an_oversized_rdma_message_closes_the_connection() {
     use rdma_transport::engine::wire::Kind;
     use rdma_transport::testing::RawPeer as RawQp;

@@ -94,6 +94,7 @@ async fn tcp() {
     run(Path::Tcp).await
 }
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn rdma() {
     run(Path::Rdma).await
 }

@@ -1,5 +1,8 @@
 //! Behaviour tests: each module is one behaviour, run over the in-memory,
 //! TCP and RDMA paths (see `rpc_tests::on_every_path!`).
+//!
+//! The tests that need an RDMA device are `#[ignore]`d (a host run lists them
+//! as ignored); the Soft-RoCE VM suite runs them with `--include-ignored`.
 
 mod back_pressure;
 mod balance;
@@ -24,3 +27,10 @@ mod status;
 mod tls;
 mod transports;
 mod unary;
+
+/// Where a device is expected (`SOFTROCE_IN_VM=1`, `RDMA_TEST_REQUIRE_DEVICE=1`),
+/// a run that leaves the `#[ignore]`d device tests out fails here.
+#[test]
+fn device_tests_run_where_a_device_is_expected() {
+    rpc_tests::assert_device_tests_included();
+}

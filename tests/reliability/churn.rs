@@ -99,6 +99,7 @@ async fn churn(addr: &str, cycles: usize) -> Figures {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn connect_disconnect_churn() {
     let Some(ip) = rdma_host("connect_disconnect_churn") else {
         return;

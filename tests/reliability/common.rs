@@ -142,6 +142,7 @@ impl ChildProc {
         let exe = std::env::current_exe().expect("current_exe");
         let mut child = Command::new(exe)
             .args([
+                "--ignored",
                 "--exact",
                 "peer_killed::child_role",
                 "--nocapture",

@@ -28,6 +28,7 @@ fn size_of_call(i: usize) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn load_mixed_sizes_no_loss_no_rnr() {
     let Some(ip) = rdma_host("load_mixed_sizes_no_loss_no_rnr") else {
         return;

@@ -20,7 +20,9 @@ const PROMPT: Duration = Duration::from_secs(10);
 /// the echo router and prints its RDMA address; `client` connects to
 /// `RELIABILITY_CHILD_ADDR` and keeps a slow unary call, a server stream and
 /// 16 MiB calls in flight. Either waits to be killed (exits after 5 min).
+/// Not a test of its own: `ChildProc::spawn` runs it with `--ignored`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of the peer_killed tests (ChildProc::spawn runs it)"]
 async fn child_role() {
     let Ok(role) = std::env::var(CHILD_ROLE_ENV) else {
         return;
@@ -148,6 +150,7 @@ async fn expect_unavailable<T: std::fmt::Debug>(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn server_killed_mid_unary_stream_and_rendezvous() {
     let Some(ip) = rdma_host("server_killed_mid_unary_stream_and_rendezvous") else {
         return;
@@ -266,6 +269,7 @@ async fn server_killed_mid_unary_stream_and_rendezvous() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn client_killed_handlers_cancelled() {
     let Some(ip) = rdma_host("client_killed_handlers_cancelled") else {
         return;
@@ -347,6 +351,7 @@ async fn client_killed_handlers_cancelled() {
 /// an `io::Error` of kind `BrokenPipe` in its source chain ("client
 /// disconnected: broken pipe"), as tonic's handlers see it over HTTP/2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn client_killed_mid_stream_is_a_broken_pipe() {
     let Some(ip) = rdma_host("client_killed_mid_stream_is_a_broken_pipe") else {
         return;

@@ -149,6 +149,7 @@ async fn both_ways(client: Connection, server: Connection) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn admission_only_with_the_gates_ticket() {
     let name = "admission_only_with_the_gates_ticket";
     let Some(ip) = device_ip(name) else {
@@ -252,6 +253,7 @@ async fn admission_only_with_the_gates_ticket() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn admission_ungated_listener_ignores_a_ticket_and_a_panicking_gate_refuses() {
     let name = "admission_ungated_listener_ignores_a_ticket_and_a_panicking_gate_refuses";
     let Some(ip) = device_ip(name) else {

@@ -12,7 +12,9 @@ pub fn required() -> bool {
         || std::env::var("RDMA_TEST_REQUIRE_DEVICE").as_deref() == Ok("1")
 }
 
-/// The address to use, or None (after printing SKIP) when there is no device.
+/// The address to use, or None (after printing SKIP) when there is no device;
+/// panics instead when one is [`required`]. The tests that call it are
+/// `#[ignore]`d, so this runs only with `--include-ignored`.
 pub fn device_ip(test: &str) -> Option<IpAddr> {
     let reason = match devices() {
         Ok(d) if d.is_empty() => match rdma_transport::check_libraries() {
@@ -77,6 +79,23 @@ pub fn is_iwarp(
     forced
         || matches!((siw_ip, ip_under_test), (Some(s), Some(i)) if s == i)
         || (!device_transports.is_empty() && device_transports.iter().all(|t| *t == "iWARP"))
+}
+
+/// Where a device is expected ([`required`]), a run that leaves the
+/// `#[ignore]`d device tests out (no `--include-ignored` / `--ignored`)
+/// fails here rather than counting them as ignored. Under cargo-nextest (one
+/// test per process, its own `--run-ignored`) it checks nothing.
+#[test]
+fn device_tests_run_where_a_device_is_expected() {
+    if !required() || std::env::var_os("NEXTEST").is_some() {
+        return;
+    }
+    assert!(
+        std::env::args().any(|a| a == "--include-ignored" || a == "--ignored"),
+        "an RDMA device is expected (SOFTROCE_IN_VM=1 / RDMA_TEST_REQUIRE_DEVICE=1) but the \
+         device tests are #[ignore]d in this run: pass --include-ignored to the test binary \
+         (cargo test -- --include-ignored)"
+    );
 }
 
 #[test]

@@ -50,6 +50,7 @@ fn stats(mut v: Vec<Duration>) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn a_handshake_that_never_completes_delays_no_one() {
     let name = "a_handshake_that_never_completes_delays_no_one";
     let Some(ip) = device_ip(name) else {
@@ -251,6 +252,7 @@ async fn flood(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
 async fn one_address_cannot_take_every_connection() {
     let name = "one_address_cannot_take_every_connection";
     let Some(ip) = device_ip(name) else {
