@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::engine::wire::HDR_LEN;
-use crate::error::Error;
+use crate::error::{ConfigError, Error};
 
 /// How a connection's driver waits for completions and commands
 /// (`docs/wire-protocol-rdma.md` §8).
@@ -225,40 +225,51 @@ impl Default for Config {
 
 impl Config {
     /// Checks ranges; called by `connect` and `Listener::bind`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the first field out of its range and the
+    /// rule it breaks ([`ConfigError`]).
     pub fn validate(&self) -> Result<(), Error> {
-        let bad = |m: &str| Err(Error::Config(m.to_string()));
+        let bad = |field, rule| Err(Error::Config(ConfigError { field, rule }));
         if !(4..=4096).contains(&self.recv_slots) {
-            return bad("recv_slots must be in 4..=4096");
+            return bad("recv_slots", "must be in 4..=4096");
         }
         if self.recv_slot_bytes < HDR_LEN + 32 || self.recv_slot_bytes > (1 << 24) {
-            return bad("recv_slot_bytes must be in 64..=16 MiB");
+            return bad("recv_slot_bytes", "must be in 64..=16 MiB");
         }
         if !(4..=16384).contains(&self.send_slots) {
-            return bad("send_slots must be in 4..=16384");
+            return bad("send_slots", "must be in 4..=16384");
         }
-        if self.initial_recv_slots < 4 || self.initial_send_slots < 4 {
-            return bad("initial_recv_slots and initial_send_slots must be >= 4");
+        if self.initial_recv_slots < 4 {
+            return bad("initial_recv_slots", "must be >= 4");
+        }
+        if self.initial_send_slots < 4 {
+            return bad("initial_send_slots", "must be >= 4");
         }
         if self.rendezvous_buffer_bytes < 4096 || self.rendezvous_buffer_bytes > (1 << 30) {
-            return bad("rendezvous_buffer_bytes must be in 4096..=1 GiB");
+            return bad("rendezvous_buffer_bytes", "must be in 4096..=1 GiB");
         }
         if !(1..=4096).contains(&self.rendezvous_buffers) {
-            return bad("rendezvous_buffers must be in 1..=4096");
+            return bad("rendezvous_buffers", "must be in 1..=4096");
         }
         if self.max_message_bytes > (1 << 40) {
-            return bad("max_message_bytes too large");
+            return bad("max_message_bytes", "must be at most 1 TiB");
         }
         if self.recv_queue_bytes == 0 {
-            return bad("recv_queue_bytes must be >= 1");
+            return bad("recv_queue_bytes", "must be >= 1");
         }
-        if self.max_pending_handshakes == 0
-            || self.max_pending_handshakes_per_address == 0
-            || self.max_connections_per_address == 0
-        {
-            return bad("max_pending_handshakes, max_pending_handshakes_per_address and max_connections_per_address must be >= 1");
+        if self.max_pending_handshakes == 0 {
+            return bad("max_pending_handshakes", "must be >= 1");
+        }
+        if self.max_pending_handshakes_per_address == 0 {
+            return bad("max_pending_handshakes_per_address", "must be >= 1");
+        }
+        if self.max_connections_per_address == 0 {
+            return bad("max_connections_per_address", "must be >= 1");
         }
         if self.send_queue_messages == 0 {
-            return bad("send_queue_messages must be >= 1");
+            return bad("send_queue_messages", "must be >= 1");
         }
         Ok(())
     }

@@ -1,7 +1,13 @@
-//! Error type.
+//! The crate's errors: [`Error`], and the typed detail some of its
+//! variants carry so that callers and tests can tell the cases apart
+//! without reading message texts: which protocol rule the peer broke
+//! ([`PeerMisbehaved`]), why there is no device ([`NoDeviceReason`]), which
+//! configuration field is invalid ([`ConfigError`]), what memory could not
+//! be had ([`ResourceError`]) and why a listener rejected a connection
+//! ([`RejectReason`]). Every `Display` text is the human-readable message.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 /// Errno wrapper that displays as `strerror` text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -314,6 +320,188 @@ pub enum PeerMisbehaved {
     },
 }
 
+/// Why there is no RDMA device to use: the detail of [`Error::NoDevice`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoDeviceReason {
+    /// rdma_cm has no device at all: creating an event channel failed (no
+    /// RDMA support in the kernel, or no `/dev/infiniband/rdma_cm`).
+    #[error("rdma_create_event_channel: {errno}")]
+    NoRdmaCm {
+        /// errno of `rdma_create_event_channel`.
+        errno: Errno,
+    },
+    /// No RDMA device has the address a listener was to bind
+    /// (`rdma_bind_addr` failed with ENODEV or EADDRNOTAVAIL).
+    #[error("rdma_bind_addr({addr}): {errno}")]
+    NotOnAddress {
+        /// The address.
+        addr: SocketAddr,
+        /// errno of `rdma_bind_addr`.
+        errno: Errno,
+    },
+    /// The cm_id is not bound to a device (its address was neither
+    /// resolved nor bound).
+    #[error("cm_id is not bound to a device")]
+    Unbound,
+    /// The device has no GID for the address on this port.
+    #[error("no GID of {ip} on port {port} of the device")]
+    NoGid {
+        /// The address.
+        ip: IpAddr,
+        /// The device port.
+        port: u8,
+    },
+    /// A shared receive pool's cm_id has no local address.
+    #[error("the pool's address is unknown")]
+    NoPoolAddress,
+}
+
+/// An invalid [`crate::Config`]: the detail of [`Error::Config`]. Displays
+/// as `{field} {rule}`, e.g. `recv_slots must be in 4..=4096`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {rule}")]
+#[non_exhaustive]
+pub struct ConfigError {
+    /// The field, as named in `Config`.
+    pub field: &'static str,
+    /// The rule its value breaks, e.g. `must be in 4..=4096`.
+    pub rule: &'static str,
+}
+
+/// Memory that could not be had: the detail of [`Error::ResourceLimit`],
+/// and of `engine::EngineError::Resource` (memory a message needs, on
+/// demand).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResourceError {
+    /// Registering `requested` more bytes would take the process over
+    /// `Config::global_max_registered_bytes` (`cap`); `in_use` bytes were
+    /// registered then.
+    #[error("registering {requested} more bytes exceeds global_max_registered_bytes ({cap}); {in_use} in use")]
+    RegisteredBytes {
+        /// Bytes the registration needed.
+        requested: usize,
+        /// `Config::global_max_registered_bytes`.
+        cap: usize,
+        /// Bytes registered by the process before it.
+        in_use: usize,
+    },
+    /// The allocator could not provide the buffer to register.
+    #[error("allocation of {bytes} bytes failed")]
+    Allocation {
+        /// Bytes asked for.
+        bytes: usize,
+    },
+    /// A listener's shared receive queue is full
+    /// (`Config::shared_receive_max_buffers`, or the device's `max_srq_wr`).
+    #[error("the shared receive queue holds at most {max} buffers (shared_receive_max_buffers or the device's max_srq_wr)")]
+    SharedReceiveQueueFull {
+        /// Buffers it holds at most.
+        max: usize,
+    },
+    /// A verbs call that registers or exposes memory failed (`ibv_reg_mr`,
+    /// `ibv_alloc_mw`, a memory-window bind, a post to the shared receive
+    /// queue).
+    #[error("{verb} failed: {errno}")]
+    Verb {
+        /// The failing call.
+        verb: &'static str,
+        /// errno after the call.
+        errno: Errno,
+    },
+    /// The connection was closed while memory was being set up for it.
+    #[error("the connection is closed")]
+    Closed,
+    /// Any other failure, by its text.
+    #[error("{0}")]
+    Other(String),
+}
+
+impl ResourceError {
+    /// The detail of a failed registration: the registration errors as they
+    /// are, a failed verbs call as [`ResourceError::Verb`].
+    pub(crate) fn from_error(e: Error) -> ResourceError {
+        match e {
+            Error::ResourceLimit(r) => r,
+            Error::Verb { verb, errno } => ResourceError::Verb { verb, errno },
+            e => ResourceError::Other(e.to_string()),
+        }
+    }
+}
+
+/// Why a listener rejected a connect request, as the connecting side reads
+/// it from the reject's private data (wire protocol §2.3, §2.4): the detail
+/// of [`Error::Rejected`]. `Display` is the text the listener sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// A limit of the listener refused it (`max_pending_handshakes`,
+    /// `max_pending_handshakes_per_address`, `max_connections_per_address`).
+    Busy,
+    /// The listener's admission gate refused it (§2.4): its text, which
+    /// starts with `unauthenticated`.
+    Unauthenticated(String),
+    /// The listener could not decode our hello.
+    BadHello,
+    /// The listener could not create the connection's resources (e.g. its
+    /// registered-memory cap).
+    Resources,
+    /// Nobody listens there (iWARP: the TCP connect was refused).
+    ConnectionRefused,
+    /// Any other text the listener sent (e.g. another gate's).
+    Other(String),
+}
+
+impl RejectReason {
+    const BUSY: &'static str = "busy: too many connections or handshakes from this address";
+    const BAD_HELLO: &'static str = "bad hello";
+    const RESOURCES: &'static str = "resources";
+
+    /// The text, as a listener sends it in the reject's private data.
+    pub(crate) fn text(&self) -> &str {
+        match self {
+            RejectReason::Busy => Self::BUSY,
+            RejectReason::BadHello => Self::BAD_HELLO,
+            RejectReason::Resources => Self::RESOURCES,
+            RejectReason::ConnectionRefused => "connection refused",
+            RejectReason::Unauthenticated(s) | RejectReason::Other(s) => s,
+        }
+    }
+
+    /// The reason in a reject's private data: `None` when it holds no text
+    /// (e.g. no listener on that port, on InfiniBand/RoCE), or one that is
+    /// not UTF-8 or holds control characters.
+    pub(crate) fn from_private_data(data: &[u8]) -> Option<RejectReason> {
+        let s = std::str::from_utf8(data).ok()?.trim_end_matches('\0');
+        if s.is_empty() || s.chars().any(char::is_control) {
+            return None;
+        }
+        Some(match s {
+            Self::BUSY => RejectReason::Busy,
+            Self::BAD_HELLO => RejectReason::BadHello,
+            Self::RESOURCES => RejectReason::Resources,
+            s if s.starts_with("unauthenticated") => RejectReason::Unauthenticated(s.to_string()),
+            s => RejectReason::Other(s.to_string()),
+        })
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.text())
+    }
+}
+
+/// `": {reason}"`, or nothing without one (the end of
+/// [`Error::Rejected`]'s text).
+fn reject_suffix(reason: &Option<RejectReason>) -> String {
+    reason
+        .as_ref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default()
+}
+
 /// Errors of the RDMA transport.
 ///
 /// For automatic TCP fallback, [`Error::is_unavailable_for_fallback`] tells
@@ -323,9 +511,10 @@ pub enum PeerMisbehaved {
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// No RDMA device / no RDMA support in the kernel.
+    /// No RDMA device / no RDMA support in the kernel (which: the
+    /// [`NoDeviceReason`]).
     #[error("no RDMA device available: {0}")]
-    NoDevice(String),
+    NoDevice(NoDeviceReason),
     /// The RDMA user-space libraries (`libibverbs.so.1`, `librdmacm.so.1`)
     /// could not be loaded, or lack a function this crate calls: RDMA is
     /// unavailable in this process. The text is the loader's, e.g.
@@ -353,14 +542,14 @@ pub enum Error {
     /// that port (`RDMA_CM_EVENT_REJECTED`), or the listener refused our
     /// parameters, a limit, or our ticket (wire §2.4: its admission gate's
     /// text, e.g. `unauthenticated: ...`); then `reason` says why.
-    #[error("connection rejected by {addr} (status {status}){reason}")]
+    #[error("connection rejected by {addr} (status {status}){}", reject_suffix(.reason))]
     Rejected {
         /// Destination.
         addr: SocketAddr,
         /// CM reject status (IB: 8 = invalid service id, i.e. no listener; 28 = consumer reject).
         status: i32,
-        /// Reason text from the peer's private data, if any.
-        reason: String,
+        /// The reason in the peer's private data, if it sent one.
+        reason: Option<RejectReason>,
     },
     /// `RDMA_CM_EVENT_UNREACHABLE` / `CONNECT_ERROR`.
     #[error("peer {addr} unreachable (status {status})")]
@@ -415,12 +604,15 @@ pub enum Error {
         /// Limit.
         max: usize,
     },
-    /// Invalid [`crate::Config`].
+    /// Invalid [`crate::Config`] (which field, which rule: the
+    /// [`ConfigError`]).
     #[error("invalid config: {0}")]
-    Config(String),
-    /// A global resource limit (e.g. registered memory) would be exceeded.
+    Config(ConfigError),
+    /// Memory could not be had: a global resource limit (e.g. registered
+    /// memory) would be exceeded, or registering failed (which: the
+    /// [`ResourceError`]).
     #[error("resource limit: {0}")]
-    ResourceLimit(String),
+    ResourceLimit(ResourceError),
 }
 
 impl Error {
@@ -466,5 +658,104 @@ impl From<Error> for std::io::Error {
             Error::Verb { .. } => K::Other,
         };
         std::io::Error::new(kind, e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reject_reason_is_parsed_from_the_private_data_and_displays_as_sent() {
+        let p = RejectReason::from_private_data;
+        for r in [
+            RejectReason::Busy,
+            RejectReason::BadHello,
+            RejectReason::Resources,
+            RejectReason::Unauthenticated("unauthenticated: no ticket".into()),
+            RejectReason::Other("go away".into()),
+        ] {
+            let mut data = r.text().as_bytes().to_vec();
+            assert_eq!(p(&data).as_ref(), Some(&r));
+            // InfiniBand pads the reject's private data with zeros.
+            data.resize(148, 0);
+            assert_eq!(p(&data).as_ref(), Some(&r));
+        }
+        assert_eq!(p(b""), None);
+        assert_eq!(p(&[0; 148]), None);
+        assert_eq!(p(b"bad\nhello"), None, "control characters");
+        assert_eq!(p(&[0xff, 0xfe]), None, "not UTF-8");
+        let addr: SocketAddr = "192.0.2.1:7471".parse().unwrap();
+        let e = |reason| Error::Rejected {
+            addr,
+            status: 28,
+            reason,
+        };
+        assert_eq!(
+            e(None).to_string(),
+            "connection rejected by 192.0.2.1:7471 (status 28)"
+        );
+        assert_eq!(
+            e(Some(RejectReason::Busy)).to_string(),
+            "connection rejected by 192.0.2.1:7471 (status 28): busy: too many connections or \
+             handshakes from this address"
+        );
+        assert_eq!(
+            e(Some(RejectReason::ConnectionRefused)).to_string(),
+            "connection rejected by 192.0.2.1:7471 (status 28): connection refused"
+        );
+    }
+
+    #[test]
+    fn typed_details_keep_the_message_texts() {
+        let r = Error::ResourceLimit(ResourceError::RegisteredBytes {
+            requested: 4096,
+            cap: 1 << 20,
+            in_use: 1 << 20,
+        });
+        assert_eq!(
+            r.to_string(),
+            "resource limit: registering 4096 more bytes exceeds global_max_registered_bytes \
+             (1048576); 1048576 in use"
+        );
+        assert_eq!(
+            ResourceError::from_error(r.clone()),
+            ResourceError::RegisteredBytes {
+                requested: 4096,
+                cap: 1 << 20,
+                in_use: 1 << 20,
+            }
+        );
+        let v = Error::Verb {
+            verb: "ibv_reg_mr",
+            errno: Errno(libc::ENOMEM),
+        };
+        let rv = ResourceError::from_error(v.clone());
+        assert!(matches!(
+            rv,
+            ResourceError::Verb {
+                verb: "ibv_reg_mr",
+                ..
+            }
+        ));
+        assert_eq!(rv.to_string(), v.to_string());
+        let c = crate::Config {
+            recv_slots: 1,
+            ..crate::Config::default()
+        };
+        match c.validate() {
+            Err(e @ Error::Config(ConfigError { field, .. })) => {
+                assert_eq!(field, "recv_slots");
+                assert_eq!(
+                    e.to_string(),
+                    "invalid config: recv_slots must be in 4..=4096"
+                );
+            }
+            r => panic!("{r:?}"),
+        }
+        assert_eq!(
+            Error::NoDevice(NoDeviceReason::Unbound).to_string(),
+            "no RDMA device available: cm_id is not bound to a device"
+        );
     }
 }

@@ -31,7 +31,9 @@ pub use conn::{
     InlineStop, Listener, RecvHalf, SendHalf,
 };
 pub use engine::wire::{Ticket, TICKET_LEN};
-pub use error::{Errno, Error, PeerMisbehaved};
+pub use error::{
+    ConfigError, Errno, Error, NoDeviceReason, PeerMisbehaved, RejectReason, ResourceError,
+};
 pub use stats::{ConnStats, StatsSnapshot};
 
 /// An RDMA device found by [`devices`].
@@ -47,6 +49,11 @@ pub struct DeviceInfo {
 
 /// Lists RDMA devices; `Ok(empty)` when the kernel has no RDMA support or
 /// the RDMA libraries are not installed ([`check_libraries`] says which).
+///
+/// # Errors
+///
+/// [`Error::Verb`] when `ibv_get_device_list` fails otherwise than for lack
+/// of RDMA support.
 pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
     verbs::devices()
 }
@@ -60,6 +67,10 @@ pub fn devices() -> Result<Vec<DeviceInfo>, Error> {
 /// function this crate calls; its text says which, e.g. `RDMA libraries not
 /// installed (libibverbs.so.1: cannot open shared object file: No such file
 /// or directory)`. The outcome of the first attempt holds for the process.
+///
+/// # Errors
+///
+/// [`Error::LibraryUnavailable`], as above.
 pub fn check_libraries() -> Result<(), Error> {
     verbs::dl::load()
 }

@@ -81,6 +81,10 @@ impl RawPeer {
     /// sent to the listener (e.g. advertise fewer credits or a bogus
     /// rendezvous region). Nothing is sent yet: the passive side waits for
     /// the first message (§2.3).
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::connect`].
     pub async fn connect(
         addr: SocketAddr,
         cfg: &Config,
@@ -118,6 +122,11 @@ impl RawPeer {
     /// SENDs `bytes` as they are (the caller builds the §3 header) and waits
     /// for the completion. `Err` only for local failures; a refused or
     /// flushed SEND is a non-OK [`WcStatus`].
+    ///
+    /// # Errors
+    ///
+    /// A local failure: [`Error::MessageTooLarge`] above a send slot, a
+    /// failed post or poll, or [`Error::Timeout`] when no completion came.
     pub async fn send_raw(&mut self, bytes: &[u8]) -> Result<WcStatus, Error> {
         let slot_bytes = self.cfg.recv_slot_bytes;
         if bytes.len() > slot_bytes {
@@ -146,6 +155,10 @@ impl RawPeer {
     }
 
     /// SENDs a header-only message of `kind` built by `edit` (§3.1).
+    ///
+    /// # Errors
+    ///
+    /// As [`send_raw`](Self::send_raw).
     pub async fn send_header(
         &mut self,
         kind: Kind,
@@ -160,6 +173,12 @@ impl RawPeer {
 
     /// RDMA-WRITEs `data` to (`remote_addr`, `rkey`), whatever they are, and
     /// waits for the completion.
+    ///
+    /// # Errors
+    ///
+    /// As [`send_raw`](Self::send_raw); [`Error::MessageTooLarge`] above a
+    /// staging buffer, [`Error::ResourceLimit`] when the staging buffers
+    /// cannot be registered.
     pub async fn write(
         &mut self,
         data: &[u8],
@@ -172,6 +191,10 @@ impl RawPeer {
     /// RDMA-WRITEs `data` with immediate data `imm` (§5.4: a chunk
     /// notification, or a forged one) and waits for the completion. It
     /// consumes one of the listener's posted receive buffers, like a SEND.
+    ///
+    /// # Errors
+    ///
+    /// As [`write`](Self::write).
     pub async fn write_with_imm(
         &mut self,
         data: &[u8],
@@ -221,6 +244,10 @@ impl RawPeer {
 
     /// The next SEND received from the listener (header included), or `None`
     /// when nothing arrives within `limit` or the connection is gone.
+    ///
+    /// # Errors
+    ///
+    /// A failed poll or repost of the receive queue.
     pub async fn recv(&mut self, limit: Duration) -> Result<Option<Vec<u8>>, Error> {
         let end = tokio::time::Instant::now() + limit;
         loop {
@@ -245,6 +272,10 @@ impl RawPeer {
     /// Waits up to `limit` for the listener to end the connection (an
     /// rdma_cm DISCONNECTED event, or our receives being flushed because the
     /// QP went to the error state). Returns whether it did.
+    ///
+    /// # Errors
+    ///
+    /// A failed poll of the CQ or of the event channel.
     pub async fn wait_disconnected(&mut self, limit: Duration) -> Result<bool, Error> {
         let end = tokio::time::Instant::now() + limit;
         loop {
@@ -266,6 +297,10 @@ impl RawPeer {
     /// while (4 ms, then twice as long each time) posts a setup kick, a
     /// zero-length RDMA WRITE to the listener's region. Returns whether the
     /// listener answered within `limit`, and how many kicks were posted.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Self::recv), or a failed post of a kick.
     pub async fn wait_for_listener(&mut self, limit: Duration) -> Result<(bool, u32), Error> {
         let end = tokio::time::Instant::now() + limit;
         let mut wait = Duration::from_millis(4);
@@ -438,6 +473,10 @@ impl std::fmt::Debug for StalledConnect {
 
 impl StalledConnect {
     /// Sends the connect request to `addr` (from `local` when given).
+    ///
+    /// # Errors
+    ///
+    /// As the setup errors of [`crate::connect`].
     pub async fn start(
         addr: SocketAddr,
         local: Option<IpAddr>,
@@ -449,6 +488,10 @@ impl StalledConnect {
     /// As [`StalledConnect::start`], presenting `ticket` when given (wire
     /// §2.4). Creates no queue pair and registers no memory on this side,
     /// so a test can tell what the listener registered for the request.
+    ///
+    /// # Errors
+    ///
+    /// As [`StalledConnect::start`].
     pub async fn start_with_ticket(
         addr: SocketAddr,
         local: Option<IpAddr>,
@@ -486,6 +529,10 @@ impl StalledConnect {
     /// `"CONNECT_RESPONSE"` (it accepted and now waits for us, forever) or
     /// `"REJECTED"` (with the reason text it sent); `None` if nothing came.
     /// Reading the answer does not complete the handshake.
+    ///
+    /// # Errors
+    ///
+    /// A failed read of the event channel.
     pub async fn answer(&self, limit: Duration) -> Result<Option<String>, Error> {
         use rdma_sys::rdma_cm_event_type as ev;
         let e = match tokio::time::timeout(limit, next_event(&self.chan, &self.afd)).await {

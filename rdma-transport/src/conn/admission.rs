@@ -70,26 +70,44 @@ struct AddrCount {
     conns: usize,
 }
 
+/// Which limit refuses a connect request (logged by the listener; the
+/// connecting side sees [`RejectReason::Busy`](crate::RejectReason::Busy)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Refusal {
+    /// `max_pending_handshakes`: this many handshakes pending.
+    Pending(usize),
+    /// `max_pending_handshakes_per_address`: this many pending from `ip`.
+    PendingFrom(usize, IpAddr),
+    /// `max_connections_per_address`: this many connections from `ip`.
+    ConnectionsFrom(usize, IpAddr),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Pending(n) => write!(f, "{n} handshakes pending (max_pending_handshakes)"),
+            Refusal::PendingFrom(n, ip) => write!(
+                f,
+                "{n} handshakes pending from {ip} (max_pending_handshakes_per_address)"
+            ),
+            Refusal::ConnectionsFrom(n, ip) => {
+                write!(f, "{n} connections from {ip} (max_connections_per_address)")
+            }
+        }
+    }
+}
+
 impl Limits {
     /// Counts a new handshake from `ip`, or says which limit refuses it.
-    pub(super) fn admit(self: &Arc<Self>, ip: IpAddr, cfg: &Config) -> Result<Admission, String> {
+    pub(super) fn admit(self: &Arc<Self>, ip: IpAddr, cfg: &Config) -> Result<Admission, Refusal> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let c = st.per_addr.get(&ip).copied().unwrap_or_default();
         let why = if st.pending >= cfg.max_pending_handshakes {
-            Some(format!(
-                "{} handshakes pending (max_pending_handshakes)",
-                st.pending
-            ))
+            Some(Refusal::Pending(st.pending))
         } else if c.pending >= cfg.max_pending_handshakes_per_address {
-            Some(format!(
-                "{} handshakes pending from {ip} (max_pending_handshakes_per_address)",
-                c.pending
-            ))
+            Some(Refusal::PendingFrom(c.pending, ip))
         } else if c.conns >= cfg.max_connections_per_address {
-            Some(format!(
-                "{} connections from {ip} (max_connections_per_address)",
-                c.conns
-            ))
+            Some(Refusal::ConnectionsFrom(c.conns, ip))
         } else {
             None
         };

@@ -37,6 +37,15 @@ impl SendHalf {
     /// Queues `msg` for sending. Waits while the driver's queue is full
     /// (back-pressure from credits / rendezvous buffers). `Ok` means the
     /// driver took ownership; delivery errors show up on later calls.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Closed`] after [`close`](Self::close),
+    /// [`Error::MessageTooLarge`] above [`max_message_len`](Self::max_message_len),
+    /// and, once the connection failed, the error that ended it (e.g.
+    /// [`Error::Disconnected`], [`Error::Protocol`], or
+    /// [`Error::ResourceLimit`] when memory a message needed could not be
+    /// registered).
     pub async fn send(&mut self, msg: Bytes) -> Result<(), Error> {
         self.send_parts(Bytes::new(), msg).await
     }
@@ -51,6 +60,10 @@ impl SendHalf {
     /// What cannot be posted yet stays queued in the engine (up to
     /// `Config::send_queue_messages` messages; beyond that this waits) and
     /// the driver posts it as credits come back.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Self::send).
     pub async fn send_parts(&mut self, head: Bytes, body: Bytes) -> Result<(), Error> {
         if self.closed {
             return Err(Error::Closed);
@@ -95,7 +108,12 @@ impl SendHalf {
     /// queue them and send several together later (the call layer then
     /// batches frames into one message, which costs the peer one receive
     /// instead of several): low latency when there is little traffic, fewer
-    /// messages when there is a lot. Errors as [`send`](Self::send).
+    /// messages when there is a lot.
+    ///
+    /// # Errors
+    ///
+    /// `Err((head, body))` when the connection is not quiet (nothing was
+    /// posted); `Ok(Err(e))` with the errors of [`send`](Self::send).
     #[allow(clippy::type_complexity)]
     pub fn try_send_parts(
         &mut self,
@@ -229,6 +247,12 @@ impl RecvHalf {
 
     /// Next message, `Ok(None)` once the peer closed cleanly. The returned
     /// bytes are owned by the caller (copied out of registered memory).
+    ///
+    /// # Errors
+    ///
+    /// The error that ended the connection: e.g. [`Error::Disconnected`]
+    /// when the peer went without a clean close, [`Error::Protocol`] when it
+    /// broke the protocol, [`Error::Completion`] for a failed work request.
     pub async fn recv(&mut self) -> Result<Option<Bytes>, Error> {
         if self.done {
             return Ok(None);

@@ -17,7 +17,7 @@ use super::{engine_err, Connection};
 use crate::config::Config;
 use crate::engine::wire::{Hello, Ticket};
 use crate::engine::Engine;
-use crate::error::Error;
+use crate::error::{Error, NoDeviceReason, RejectReason};
 use crate::verbs::async_fd;
 use crate::verbs::cm::{CmId, EventChannel};
 
@@ -62,6 +62,14 @@ impl Listener {
     /// starts taking connect requests (see the type's docs). Every request
     /// with a valid hello is admitted (within the limits); a ticket it
     /// presents is not checked ([`Connection::ticket`] still shows it).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an invalid `cfg`; [`Error::NoDevice`] when the
+    /// host has no RDMA support or no RDMA device has `addr`
+    /// ([`NoDeviceReason::NotOnAddress`]); [`Error::LibraryUnavailable`]
+    /// without the RDMA libraries; [`Error::Verb`] when binding or
+    /// listening fails otherwise (e.g. the port is taken).
     pub async fn bind(addr: SocketAddr, cfg: Config) -> Result<Listener, Error> {
         Listener::bind_inner(addr, cfg, None).await
     }
@@ -73,6 +81,10 @@ impl Listener {
     /// logged, and counted by [`Listener::refused_unauthenticated`]; no
     /// queue pair or memory is created for it, no limit counts it, and
     /// [`Listener::accept`] does not report it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Listener::bind`].
     pub async fn bind_gated(
         addr: SocketAddr,
         cfg: Config,
@@ -94,7 +106,7 @@ impl Listener {
             Error::Verb { errno, .. }
                 if errno.0 == libc::ENODEV || errno.0 == libc::EADDRNOTAVAIL =>
             {
-                Error::NoDevice(format!("rdma_bind_addr({addr}): {errno}"))
+                Error::NoDevice(NoDeviceReason::NotOnAddress { addr, errno })
             }
             e => e,
         })?;
@@ -132,6 +144,13 @@ impl Listener {
     /// that failed after it was admitted (a bad hello, no resources, a
     /// handshake timeout...). Requests refused by a limit are not reported
     /// here (only logged, and counted by [`Listener::refused`]).
+    ///
+    /// # Errors
+    ///
+    /// The error of a handshake that failed after its request was admitted
+    /// ([`Error::Protocol`] for a bad hello, [`Error::Timeout`],
+    /// [`Error::ResourceLimit`], ...); [`Error::Disconnected`] once the
+    /// listening task ended (its event channel failed).
     pub async fn accept(&mut self) -> Result<Connection, Error> {
         match self.rx.recv().await {
             Some(r) => r,
@@ -202,7 +221,7 @@ async fn listen_loop(
         let (peer_hello, ticket) = match Hello::decode_with_ticket(&e.private_data) {
             Ok(h) => h,
             Err(v) => {
-                id.reject(b"bad hello");
+                id.reject(RejectReason::BadHello.text().as_bytes());
                 tracing::debug!("rdma listener: refused {peer:?}: {v}");
                 let _ = tx.try_send(Err(Error::Protocol(v)));
                 continue;
@@ -234,7 +253,7 @@ async fn listen_loop(
                     st.local,
                     peer.map_or_else(|| "?".to_string(), |p| p.to_string())
                 );
-                id.reject(b"busy: too many connections or handshakes from this address");
+                id.reject(RejectReason::Busy.text().as_bytes());
                 continue;
             }
         };
@@ -244,7 +263,7 @@ async fn listen_loop(
         let chan = match EventChannel::new().and_then(|c| id.migrate(&c).map(|_| c)) {
             Ok(c) => c,
             Err(e) => {
-                id.reject(b"resources");
+                id.reject(RejectReason::Resources.text().as_bytes());
                 let _ = tx.try_send(Err(e));
                 continue;
             }
@@ -279,7 +298,7 @@ async fn setup_passive(
     let afd = match async_fd(chan.clone()) {
         Ok(a) => a,
         Err(e) => {
-            id.reject(b"resources");
+            id.reject(RejectReason::Resources.text().as_bytes());
             return Err(e);
         }
     };
@@ -287,7 +306,7 @@ async fn setup_passive(
     let res = match build_resources(&id, &cfg, Some(&pools)) {
         Ok(r) => r,
         Err(e) => {
-            id.reject(b"resources");
+            id.reject(RejectReason::Resources.text().as_bytes());
             return Err(e);
         }
     };

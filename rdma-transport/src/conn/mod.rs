@@ -39,10 +39,13 @@ use crate::stats::ConnStats;
 use crate::verbs::Cq;
 
 pub use self::admission::{AdmitGate, AdmitRequest};
-pub(crate) use self::events::{next_event, CmFd};
 pub use self::halves::{InlineHandler, InlineStop, RecvHalf, SendHalf};
 pub use self::listener::Listener;
 pub use self::setup::{connect, connect_from, connect_with_ticket};
+// The setup steps `testing::RawPeer` takes as `connect` does.
+#[cfg(feature = "test-util")]
+pub(crate) use self::events::{next_event, CmFd};
+#[cfg(feature = "test-util")]
 pub(crate) use self::setup::{handshake, resolve, Handshake};
 
 /// An established connection; [`Connection::split`] it to use it.

@@ -16,7 +16,7 @@ use super::{engine_err, Connection};
 use crate::config::Config;
 use crate::engine::wire::{Hello, Ticket};
 use crate::engine::Engine;
-use crate::error::{Error, PeerMisbehaved};
+use crate::error::{Error, PeerMisbehaved, RejectReason};
 use crate::verbs::async_fd;
 use crate::verbs::cm::{CmId, EventChannel};
 
@@ -29,6 +29,17 @@ fn ms(d: Duration) -> i32 {
 const CONNECT_PORT_RETRIES: u32 = 3;
 
 /// Connects to a [`Listener`](crate::Listener) at `addr` (§2.3, active side).
+///
+/// # Errors
+///
+/// [`Error::Config`] for an invalid `cfg`; when RDMA cannot reach the peer
+/// (the errors [`Error::is_unavailable_for_fallback`] accepts):
+/// [`Error::NoDevice`], [`Error::LibraryUnavailable`],
+/// [`Error::AddrResolve`], [`Error::RouteResolve`], [`Error::Rejected`]
+/// (with the listener's [`RejectReason`], if it gave one),
+/// [`Error::Unreachable`], [`Error::Timeout`]; [`Error::Protocol`] for a
+/// bad hello from the listener; [`Error::ResourceLimit`] or
+/// [`Error::Verb`] when this side's resources cannot be created.
 pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error> {
     connect_inner(None, addr, cfg, None).await
 }
@@ -42,6 +53,12 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
 ///
 /// The ticket is sent in clear over the RDMA fabric; it is meant to be
 /// obtained over an authenticated channel and used once.
+///
+/// # Errors
+///
+/// As [`connect`]; a gate's refusal is [`Error::Rejected`] with
+/// [`RejectReason::Unauthenticated`] (or [`RejectReason::Other`] for a
+/// gate text that does not start with `unauthenticated`).
 pub async fn connect_with_ticket(
     addr: SocketAddr,
     cfg: &Config,
@@ -53,6 +70,11 @@ pub async fn connect_with_ticket(
 /// As [`connect`], from the local address `local` (`rdma_resolve_addr` with
 /// a source address): for a host with several RDMA addresses, the
 /// connection leaves from, and the listener sees, `local`.
+///
+/// # Errors
+///
+/// As [`connect`]; [`Error::AddrResolve`] also when `local` is not an
+/// RDMA address of this host.
 pub async fn connect_from(
     local: IpAddr,
     addr: SocketAddr,
@@ -215,7 +237,7 @@ pub(crate) async fn handshake(
         Error::Verb { errno, .. } if errno.0 == libc::ECONNREFUSED => Error::Rejected {
             addr,
             status: -errno.0,
-            reason: ": connection refused".into(),
+            reason: Some(RejectReason::ConnectionRefused),
         },
         Error::Verb { errno, .. }
             if matches!(
@@ -243,16 +265,10 @@ pub(crate) async fn handshake(
             Err(v) => return Err(Error::Protocol(v)),
         },
         ev::RDMA_CM_EVENT_REJECTED => {
-            let reason = String::from_utf8(e.private_data.clone())
-                .ok()
-                .map(|s| s.trim_end_matches('\0').to_string())
-                .filter(|s| !s.is_empty() && s.chars().all(|c| !c.is_control()))
-                .map(|s| format!(": {s}"))
-                .unwrap_or_default();
             return Err(Error::Rejected {
                 addr,
                 status: e.status,
-                reason,
+                reason: RejectReason::from_private_data(&e.private_data),
             });
         }
         k => {

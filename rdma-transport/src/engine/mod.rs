@@ -37,7 +37,7 @@ use self::credits::Revoke;
 use self::rendezvous::{LocalRdv, PeerRdv, Reassembly};
 use self::send_ring::{Held, Outgoing};
 use self::wire::{Hello, HDR_LEN};
-pub use crate::error::PeerMisbehaved;
+pub use crate::error::{PeerMisbehaved, ResourceError};
 
 /// Access to the registered memory the engine reads and writes (copies only).
 pub trait Buffers {
@@ -59,21 +59,39 @@ pub trait Buffers {
     /// Memory on demand (§5.5): registers our rendezvous region and returns
     /// (address of buffer 0, rkey), or why it cannot (the registered-memory
     /// cap). Called only while the region is not registered.
-    fn open_rdv(&mut self) -> Result<(u64, u32), String>;
+    ///
+    /// # Errors
+    ///
+    /// What could not be registered or bound ([`ResourceError`]).
+    fn open_rdv(&mut self) -> Result<(u64, u32), ResourceError>;
     /// Deregisters our rendezvous region: the peer released it (§5.5), so
     /// no WRITE of its can still arrive for it.
     fn close_rdv(&mut self);
     /// Registers the staging buffers (memory on demand, §5.5).
-    fn open_staging(&mut self) -> Result<(), String>;
+    ///
+    /// # Errors
+    ///
+    /// What could not be registered ([`ResourceError`]).
+    fn open_staging(&mut self) -> Result<(), ResourceError>;
     /// Releases the staging buffers: no posted WRITE uses any of them.
     fn close_staging(&mut self);
     /// Makes send slots `0..n` usable (registers what is missing; §4.6).
-    fn grow_send(&mut self, n: u32) -> Result<(), String>;
+    ///
+    /// # Errors
+    ///
+    /// What could not be registered ([`ResourceError`]); the ring keeps its
+    /// size.
+    fn grow_send(&mut self, n: u32) -> Result<(), ResourceError>;
     /// Keeps send slots `0..n` only: none at or above `n` is in use.
     fn shrink_send(&mut self, n: u32);
     /// Makes receive slots `0..n` usable (registers what is missing; §4.6);
     /// the engine posts them.
-    fn grow_recv(&mut self, n: u32) -> Result<(), String>;
+    ///
+    /// # Errors
+    ///
+    /// What could not be registered or reserved ([`ResourceError`]); the
+    /// ring keeps its size.
+    fn grow_recv(&mut self, n: u32) -> Result<(), ResourceError>;
     /// §4.7: the peer released credits, so receive slots `n..` are retired:
     /// none is posted again, and those still posted are withdrawn (only
     /// possible with a shared receive queue, where "posted" is a slot queued
@@ -189,7 +207,7 @@ pub enum EngineError {
     /// The peer violated the protocol.
     Protocol(PeerMisbehaved),
     /// Memory a message needs could not be registered (the cap).
-    Resource(String),
+    Resource(ResourceError),
     /// A work completion failed.
     Completion {
         /// Raw ibv_wc_status.
@@ -385,6 +403,10 @@ impl Engine {
     /// Fails if the peer's hello is out of range (§2.2): every address and
     /// length the engine later derives from it is then computed without
     /// overflow.
+    ///
+    /// # Errors
+    ///
+    /// [`EngineError::Protocol`] with the hello field out of range.
     pub fn new(cfg: EngineConfig) -> Result<Engine, EngineError> {
         cfg.peer.validate().map_err(EngineError::Protocol)?;
         let eager_max = cfg.eager_max();
@@ -515,6 +537,13 @@ impl Engine {
 
     /// Handles one completion. Receive payloads are copied out and the slot
     /// reposted immediately (§4.3, ownership in `docs/buffer-ownership.md`).
+    ///
+    /// # Errors
+    ///
+    /// [`EngineError::Completion`] for a failed completion;
+    /// [`EngineError::Protocol`] for anything of the peer's that breaks the
+    /// protocol (which rule: the [`PeerMisbehaved`]). Both end the
+    /// connection.
     pub fn on_completion<B: Buffers + ?Sized>(
         &mut self,
         c: Completion,
@@ -543,6 +572,10 @@ impl Engine {
     /// Posts whatever credits, slots and rendezvous buffers allow (§4.2, §5.2),
     /// then an explicit credit message if one is due (§4.3). Fails only if
     /// memory a message needs cannot be registered (§5.5).
+    ///
+    /// # Errors
+    ///
+    /// [`EngineError::Resource`] with what [`Buffers`] could not register.
     pub fn progress<B: Buffers + ?Sized>(&mut self, bufs: &mut B) -> Result<(), EngineError> {
         if self.wait_first_recv {
             return Ok(());

@@ -55,10 +55,10 @@ impl Buffers for Mem {
         assert!(self.staging_open, "staging used while not registered");
         &mut self.staging[i as usize * self.staging_bytes..(i as usize + 1) * self.staging_bytes]
     }
-    fn open_rdv(&mut self) -> Result<(u64, u32), String> {
+    fn open_rdv(&mut self) -> Result<(u64, u32), ResourceError> {
         assert!(!self.rdv_open, "region registered twice");
         if self.refuse {
-            return Err("over the cap".into());
+            return Err(ResourceError::Other("over the cap".into()));
         }
         self.rdv_open = true;
         self.rdv_opens += 1;
@@ -70,10 +70,10 @@ impl Buffers for Mem {
         self.rdv_closes += 1;
         self.rdv.fill(0xEE);
     }
-    fn open_staging(&mut self) -> Result<(), String> {
+    fn open_staging(&mut self) -> Result<(), ResourceError> {
         assert!(!self.staging_open);
         if self.refuse {
-            return Err("over the cap".into());
+            return Err(ResourceError::Other("over the cap".into()));
         }
         self.staging_open = true;
         self.staging_opens += 1;
@@ -85,10 +85,10 @@ impl Buffers for Mem {
         self.staging_closes += 1;
         self.staging.fill(0xDD);
     }
-    fn grow_send(&mut self, n: u32) -> Result<(), String> {
+    fn grow_send(&mut self, n: u32) -> Result<(), ResourceError> {
         assert!(n > self.send_active && n as usize * self.slot <= self.send.len());
         if self.refuse {
-            return Err("over the cap".into());
+            return Err(ResourceError::Other("over the cap".into()));
         }
         self.send_active = n;
         Ok(())
@@ -97,10 +97,10 @@ impl Buffers for Mem {
         assert!(n < self.send_active);
         self.send_active = n;
     }
-    fn grow_recv(&mut self, n: u32) -> Result<(), String> {
+    fn grow_recv(&mut self, n: u32) -> Result<(), ResourceError> {
         assert!(n > self.recv_active && n as usize * self.slot <= self.recv.len());
         if self.refuse {
-            return Err("over the cap".into());
+            return Err(ResourceError::Other("over the cap".into()));
         }
         self.recv_active = n;
         Ok(())

@@ -201,6 +201,10 @@ impl Hello {
     /// Decodes and validates (§2.2). Trailing bytes (CM padding, a ticket)
     /// are ignored; a blob whose [`HELLO_FLAG_TICKET`] is set must still be
     /// long enough to hold the ticket.
+    ///
+    /// # Errors
+    ///
+    /// The rule the blob breaks (`PeerMisbehaved::Hello*`).
     pub fn decode(b: &[u8]) -> Result<Hello, PeerMisbehaved> {
         Hello::decode_with_ticket(b).map(|(h, _)| h)
     }
@@ -210,6 +214,10 @@ impl Hello {
     /// [`HELLO_TICKET_LEN`] bytes. The returned hello's `flags` do not hold
     /// [`HELLO_FLAG_TICKET`]; bytes after the hello (and its ticket) are
     /// ignored.
+    ///
+    /// # Errors
+    ///
+    /// As [`Hello::decode`].
     pub fn decode_with_ticket(b: &[u8]) -> Result<(Hello, Option<Ticket>), PeerMisbehaved> {
         if b.len() < HELLO_LEN {
             return Err(PeerMisbehaved::HelloTooShort {
@@ -270,6 +278,11 @@ impl Hello {
     /// not wrap around the address space, so that no address computed from
     /// it can overflow (§2.2). [`Hello::decode`] calls it; so does
     /// `Engine::new` for the peer's hello.
+    ///
+    /// # Errors
+    ///
+    /// [`PeerMisbehaved::HelloVersion`], [`PeerMisbehaved::HelloFieldRange`]
+    /// or [`PeerMisbehaved::HelloRegionOverflow`].
     pub fn validate(&self) -> Result<(), PeerMisbehaved> {
         if self.version != VERSION {
             return Err(PeerMisbehaved::HelloVersion {
@@ -386,6 +399,10 @@ impl Header {
     }
 
     /// Decodes (§3.1); unknown kinds are a protocol error.
+    ///
+    /// # Errors
+    ///
+    /// [`PeerMisbehaved::ShortMessage`] or [`PeerMisbehaved::UnknownKind`].
     pub fn decode(b: &[u8]) -> Result<Header, PeerMisbehaved> {
         if b.len() < HDR_LEN {
             return Err(PeerMisbehaved::ShortMessage { len: b.len() });

@@ -16,7 +16,7 @@ use super::registered::{Access, RegisteredBuf};
 use super::slot_pool::SlotPool;
 use super::{WR_BIND, WR_SRQ};
 use crate::engine::{Action, Buffers};
-use crate::error::{Error, PeerMisbehaved};
+use crate::error::{Error, PeerMisbehaved, ResourceError};
 use crate::verbs::{Cq, Mw, Pd, Qp, SendDesc};
 
 /// Sizes of the four per-connection pools (their largest sizes; memory on
@@ -460,9 +460,9 @@ impl Buffers for ConnMemory {
         let st = self.staging.as_mut().expect("staging opened before use");
         st.slice_mut(i as usize * s, s)
     }
-    fn open_rdv(&mut self) -> Result<(u64, u32), String> {
+    fn open_rdv(&mut self) -> Result<(u64, u32), ResourceError> {
         debug_assert!(self.rdv.is_none());
-        let r = self.register_rdv().map_err(|e| e.to_string())?;
+        let r = self.register_rdv().map_err(ResourceError::from_error)?;
         if self.src.dev.is_none() {
             let granted = (r.addr(), r.rkey());
             self.rdv = Some(r);
@@ -471,12 +471,12 @@ impl Buffers for ConnMemory {
         // §4.7: in the shared PD the region's own MR grants no remote
         // access; a type-2 window bound to this connection's QP does, so
         // its rkey is refused on every other QP.
-        let qp = self.qp.as_ref().ok_or("the connection is closed")?;
+        let qp = self.qp.as_ref().ok_or(ResourceError::Closed)?;
         let mw = match Mw::new(&self.src.pd) {
             Ok(mw) => mw,
             Err(e) => {
                 self.src.put(r);
-                return Err(e.to_string());
+                return Err(ResourceError::from_error(e));
             }
         };
         // `window` is declared before `rdv`: the window is deallocated (rkey
@@ -484,7 +484,7 @@ impl Buffers for ConnMemory {
         // SAFETY: r's MR is live, on this QP's PD, with MW_BIND, covered
         // exactly by the window (above); read only by raw copies (append_rdv).
         let rkey = unsafe { qp.bind_window(&mw, r.mr(), r.addr(), r.len() as u64, WR_BIND << 56) }
-            .map_err(|e| e.to_string())?;
+            .map_err(ResourceError::from_error)?;
         let granted = (r.addr(), rkey);
         self.window = Some(mw);
         self.rdv = Some(r);
@@ -501,12 +501,12 @@ impl Buffers for ConnMemory {
             self.src.put(r);
         }
     }
-    fn open_staging(&mut self) -> Result<(), String> {
+    fn open_staging(&mut self) -> Result<(), ResourceError> {
         if self.staging.is_none() {
             let st = self
                 .src
                 .take(self.sz.rdv_count * self.sz.rdv_bytes, Access::Local)
-                .map_err(|e| e.to_string())?;
+                .map_err(ResourceError::from_error)?;
             self.staging = Some(st);
         }
         Ok(())
@@ -518,10 +518,10 @@ impl Buffers for ConnMemory {
             self.src.put(st);
         }
     }
-    fn grow_send(&mut self, n: u32) -> Result<(), String> {
+    fn grow_send(&mut self, n: u32) -> Result<(), ResourceError> {
         self.send
             .ensure(&self.src, n as usize)
-            .map_err(|e| e.to_string())
+            .map_err(ResourceError::from_error)
     }
     fn shrink_send(&mut self, n: u32) {
         self.send.trim(&self.src, n as usize);
@@ -551,19 +551,19 @@ impl Buffers for ConnMemory {
             tracing::warn!("shared receive pool: reposting failed: {e}");
         }
     }
-    fn grow_recv(&mut self, n: u32) -> Result<(), String> {
+    fn grow_recv(&mut self, n: u32) -> Result<(), ResourceError> {
         if let Some(sh) = self.shared.as_mut() {
             let n = (n as usize).min(sh.bound.len());
             if n > sh.reserved {
                 sh.pool
                     .reserve(n - sh.reserved)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(ResourceError::from_error)?;
                 sh.reserved = n;
             }
             return Ok(());
         }
         self.recv
             .ensure(&self.src, n as usize)
-            .map_err(|e| e.to_string())
+            .map_err(ResourceError::from_error)
     }
 }

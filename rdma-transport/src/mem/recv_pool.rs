@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use super::registered::{Access, RegisteredBuf};
 use super::WR_SRQ;
-use crate::error::Error;
+use crate::error::{Error, NoDeviceReason, ResourceError};
 use crate::verbs::cm::CmId;
 use crate::verbs::{Cq, LoopQp, Pd, Srq};
 
@@ -291,12 +291,9 @@ impl RecvPool {
     /// matters, if the SRQ or the registration cap is full.
     pub(crate) fn reserve(&self, n: usize) -> Result<(), Error> {
         let mut st = self.lock();
-        let chunks = st.chunks_short(n, self.max_buffers).map_err(|max| {
-            Error::ResourceLimit(format!(
-                "the shared receive queue holds at most {max} buffers \
-                 (shared_receive_max_buffers or the device's max_srq_wr)"
-            ))
-        })?;
+        let chunks = st
+            .chunks_short(n, self.max_buffers)
+            .map_err(|max| Error::ResourceLimit(ResourceError::SharedReceiveQueueFull { max }))?;
         for _ in 0..chunks {
             let chunk = RegisteredBuf::new(
                 &self.pd,
@@ -374,7 +371,7 @@ impl RecvPool {
                     .anchor
                     .local_addr()
                     .map(|a| a.ip())
-                    .ok_or(Error::NoDevice("the pool's address is unknown".into()));
+                    .ok_or(Error::NoDevice(NoDeviceReason::NoPoolAddress));
                 match ip.and_then(|ip| {
                     LoopQp::new(&self.anchor, &self.pd, &self.srq, ip, DRAIN_BATCH as u32)
                 }) {

@@ -13,7 +13,7 @@ use bytes::BytesMut;
 use rdma_sys::*;
 
 use super::REGISTERED_BYTES;
-use crate::error::Error;
+use crate::error::{Error, ResourceError};
 // Named imports shadow rdma-sys' `extern` declarations: these call the
 // libraries loaded at run time (see `verbs::dl`).
 use crate::verbs::dl::{ibv_dereg_mr, ibv_reg_mr};
@@ -65,18 +65,20 @@ impl RegisteredBuf {
         let prev = REGISTERED_BYTES.fetch_add(len, Ordering::SeqCst);
         if prev + len > global_limit {
             REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
-            return Err(Error::ResourceLimit(format!(
-                "registering {len} more bytes exceeds global_max_registered_bytes ({global_limit}); {prev} in use"
-            )));
+            return Err(Error::ResourceLimit(ResourceError::RegisteredBytes {
+                requested: len,
+                cap: global_limit,
+                in_use: prev,
+            }));
         }
         let layout = Layout::from_size_align(len, 4096).expect("valid layout");
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else {
             REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
-            return Err(Error::ResourceLimit(format!(
-                "allocation of {len} bytes failed"
-            )));
+            return Err(Error::ResourceLimit(ResourceError::Allocation {
+                bytes: len,
+            }));
         };
         let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
         match how {

@@ -15,7 +15,7 @@ use super::dl::{
     rdma_resolve_route,
 };
 use super::{errno, set_nonblocking, verb_err, warn_destroy};
-use crate::error::Error;
+use crate::error::{Error, NoDeviceReason};
 
 /// Most private data a connect request carries on InfiniBand/RoCE: the IB
 /// CM REQ's 92 bytes less rdma_cm's 36-byte header (iWARP's MPA allows
@@ -55,7 +55,7 @@ impl EventChannel {
             let e = errno();
             return Err(match e.0 {
                 libc::ENODEV | libc::ENOENT | libc::ENOSYS | libc::ENXIO => {
-                    Error::NoDevice(format!("rdma_create_event_channel: {e}"))
+                    Error::NoDevice(NoDeviceReason::NoRdmaCm { errno: e })
                 }
                 _ => Error::Verb {
                     verb: "rdma_create_event_channel",

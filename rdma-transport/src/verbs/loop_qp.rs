@@ -12,7 +12,7 @@ use super::cm;
 use super::dl::{ibv_create_qp, ibv_destroy_qp, ibv_query_gid};
 use super::qp::{modify_qp, qp_to_error};
 use super::{verb_err, warn_destroy, CompChannel, Cq, Pd, Srq};
-use crate::error::{Errno, Error};
+use crate::error::{Errno, Error, NoDeviceReason};
 
 /// An RC queue pair connected to itself that receives from a shared receive
 /// queue: each zero-length SEND it posts consumes one receive posted to the
@@ -44,7 +44,7 @@ impl LoopQp {
     ) -> Result<LoopQp, Error> {
         let ctx = id.verbs();
         if ctx.is_null() {
-            return Err(Error::NoDevice("cm_id is not bound to a device".into()));
+            return Err(Error::NoDevice(NoDeviceReason::Unbound));
         }
         // SAFETY: ptr is the live cm_id (held by `id`); plain field read.
         let port = match unsafe { (*id.ptr).port_num } {
@@ -70,9 +70,7 @@ impl LoopQp {
                 break;
             }
         }
-        let sgid_index = sgid_index.ok_or_else(|| {
-            Error::NoDevice(format!("no GID of {ip} on port {port} of the device"))
-        })?;
+        let sgid_index = sgid_index.ok_or(Error::NoDevice(NoDeviceReason::NoGid { ip, port }))?;
         let cq = Cq::new(id, CompChannel::new(id.clone())?, depth as i32 * 2 + 16)?;
         // SAFETY: ibv_qp_init_attr is plain C data; zero is valid.
         let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };

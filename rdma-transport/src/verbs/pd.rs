@@ -10,7 +10,7 @@ use super::cm;
 // libraries loaded at run time (see `dl`).
 use super::dl::{ibv_alloc_pd, ibv_dealloc_pd};
 use super::{verb_err, warn_destroy};
-use crate::error::Error;
+use crate::error::{Error, NoDeviceReason};
 
 /// Protection domain, allocated on the device of a cm_id.
 pub(crate) struct Pd {
@@ -29,7 +29,7 @@ impl Pd {
     pub(crate) fn new(id: Arc<cm::CmId>) -> Result<Arc<Pd>, Error> {
         let ctx = id.verbs();
         if ctx.is_null() {
-            return Err(Error::NoDevice("cm_id is not bound to a device".into()));
+            return Err(Error::NoDevice(NoDeviceReason::Unbound));
         }
         // SAFETY: ctx is the live device context of the resolved cm_id, kept
         // open by librdmacm while the id exists (we hold the id).
