@@ -20,7 +20,7 @@ use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use rdma_transport::engine::wire::{Hello, HELLO_FLAG_ON_DEMAND, VERSION};
 use rdma_transport::engine::{
-    sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, Imm,
+    sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, Imm, ResourceError,
 };
 use std::collections::VecDeque;
 
@@ -65,7 +65,7 @@ impl Buffers for Mem {
         assert!(self.staging_open, "staging used while not registered");
         &mut self.staging[i as usize * RDV_BYTES..(i as usize + 1) * RDV_BYTES]
     }
-    fn open_rdv(&mut self) -> Result<(u64, u32), String> {
+    fn open_rdv(&mut self) -> Result<(u64, u32), ResourceError> {
         assert!(!self.rdv_open, "region registered twice");
         self.rdv_open = true;
         Ok((0x1000_0000, 0x99))
@@ -74,7 +74,7 @@ impl Buffers for Mem {
         assert!(self.rdv_open, "region deregistered twice");
         self.rdv_open = false;
     }
-    fn open_staging(&mut self) -> Result<(), String> {
+    fn open_staging(&mut self) -> Result<(), ResourceError> {
         assert!(!self.staging_open, "staging registered twice");
         self.staging_open = true;
         Ok(())
@@ -83,7 +83,7 @@ impl Buffers for Mem {
         assert!(self.staging_open, "staging released twice");
         self.staging_open = false;
     }
-    fn grow_send(&mut self, n: u32) -> Result<(), String> {
+    fn grow_send(&mut self, n: u32) -> Result<(), ResourceError> {
         assert!(n > self.send_active && n <= SLOTS, "send ring grows to {n}");
         self.send_active = n;
         Ok(())
@@ -92,7 +92,7 @@ impl Buffers for Mem {
         assert!(n < self.send_active, "send ring shrinks to {n}");
         self.send_active = n;
     }
-    fn grow_recv(&mut self, n: u32) -> Result<(), String> {
+    fn grow_recv(&mut self, n: u32) -> Result<(), ResourceError> {
         assert!(n > self.recv_active && n <= SLOTS, "receive ring grows to {n}");
         self.recv_active = n;
         Ok(())
