@@ -1,4 +1,7 @@
-//! Configuration with documented defaults.
+//! The transport's configuration ([`Config`]): every size, limit and
+//! timeout of a connection and a listener, with documented defaults, the
+//! driver's polling mode ([`PollMode`]), and the ranges they must be in
+//! ([`Config::validate`]).
 
 use std::time::Duration;
 

@@ -1,4 +1,6 @@
-//! RDMA messaging transport for the gRPC-over-RDMA framework.
+//! RDMA messaging transport for the gRPC-over-RDMA framework: it owns the
+//! process's RDMA resources (the verbs objects, the registered memory and
+//! the connections that use them) and moves messages over RC queue pairs:
 //!
 //! * connection setup with rdma_cm ([`Listener`], [`connect`]), optionally
 //!   admitting only peers that present a ticket ([`Listener::bind_gated`],
@@ -10,8 +12,29 @@
 //!   memory (`docs/buffer-ownership.md`); the API halves talk to it through
 //!   channels, so dropping a future never frees memory the NIC may touch.
 //!
-//! `unsafe` code lives only in the `verbs` module tree and `mem`.
+//! The crate, one concern per module:
+//!
+//! * `conn`: connections, from the connect request to the teardown: the
+//!   active side ([`connect`]), the [`Listener`] and who it admits
+//!   ([`AdmitGate`]), each connection's resources and driver task, and the
+//!   [`SendHalf`] and [`RecvHalf`] of a [`Connection`],
+//! * [`engine`]: the sans-IO protocol engine (credits, receive and send
+//!   rings, rendezvous, close) and the wire format ([`engine::wire`]),
+//! * `mem`: registered memory, the device and shared receive pools, and
+//!   each connection's buffers,
+//! * `verbs`: the libibverbs / librdmacm objects, the libraries loaded at
+//!   run time ([`check_libraries`]),
+//! * [`Config`], [`Error`] with its typed details, [`ConnStats`], and
+//!   [`arena`] (small `Bytes` without an allocation each); `testing` (feature
+//!   `test-util`): a misbehaving peer for tests.
+//!
+//! `unsafe` code lives only in the `verbs` module tree and `mem` (the crate
+//! denies it everywhere else), every `unsafe` block with a `// SAFETY:`
+//! comment and every `unsafe fn` with a `# Safety` section.
+#![deny(unsafe_code)]
+#![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(clippy::missing_safety_doc)]
 #![warn(missing_docs)]
 
 pub mod arena;
@@ -19,10 +42,12 @@ mod config;
 mod conn;
 pub mod engine;
 mod error;
+#[allow(unsafe_code)]
 mod mem;
 mod stats;
 #[cfg(feature = "test-util")]
 pub mod testing;
+#[allow(unsafe_code)]
 mod verbs;
 
 pub use config::{Config, PollMode};

@@ -1,4 +1,6 @@
-//! Per-connection and process-wide counters.
+//! Counters: each connection's ([`ConnStats`], updated by its driver) and
+//! the process-wide totals of every connection, closed ones included
+//! ([`crate::global_stats`]).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

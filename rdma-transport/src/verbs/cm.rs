@@ -1,4 +1,7 @@
-//! rdma_cm: event channels and communication identifiers.
+//! rdma_cm objects: event channels ([`EventChannel`]) and communication
+//! identifiers ([`CmId`]) with their connect, accept, reject and
+//! disconnect calls, the socket-address conversions, and how much private
+//! data a connect request and a reject carry.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::RawFd;
