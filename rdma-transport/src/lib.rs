@@ -24,9 +24,8 @@
 //!   each connection's buffers,
 //! * `verbs`: the libibverbs / librdmacm objects, the libraries loaded at
 //!   run time ([`check_libraries`]),
-//! * [`Config`], [`Error`] with its typed details, [`ConnStats`], and
-//!   [`arena`] (small `Bytes` without an allocation each); `testing` (feature
-//!   `test-util`): a misbehaving peer for tests.
+//! * [`Config`], [`Error`] with its typed details, [`ConnStats`]; `testing`
+//!   (feature `test-util`): a misbehaving peer for tests.
 //!
 //! `unsafe` code lives only in the `verbs` module tree and `mem` (the crate
 //! denies it everywhere else), every `unsafe` block with a `// SAFETY:`
@@ -37,7 +36,6 @@
 #![deny(clippy::missing_safety_doc)]
 #![warn(missing_docs)]
 
-pub mod arena;
 mod config;
 mod conn;
 pub mod engine;

@@ -89,7 +89,7 @@ fn too_large(len: usize) -> io::Error {
 }
 
 fn not_connected() -> io::Error {
-    io::Error::new(io::ErrorKind::NotConnected, "connection closed")
+    io::Error::new(io::ErrorKind::BrokenPipe, "connection closed")
 }
 
 fn peer_gone() -> io::Error {

@@ -38,20 +38,11 @@ impl Connection for RdmaConnection {
     }
 }
 
+/// rdma-transport's one mapping to `io::Error` (its `From` impl: the kind
+/// says what happened, e.g. `OutOfMemory` for the registration cap, which
+/// the session reports as `RESOURCE_EXHAUSTED`; the error is the source).
 fn to_io(e: rdma_transport::Error) -> io::Error {
-    use rdma_transport::Error as E;
-    let kind = match &e {
-        E::Disconnected | E::Completion { .. } => io::ErrorKind::ConnectionReset,
-        E::Closed => io::ErrorKind::NotConnected,
-        E::Protocol(_) => io::ErrorKind::InvalidData,
-        E::MessageTooLarge { .. } => io::ErrorKind::InvalidInput,
-        E::Timeout { .. } => io::ErrorKind::TimedOut,
-        // Registered memory over `global_max_registered_bytes` (memory on
-        // demand could not register a region): RESOURCE_EXHAUSTED.
-        E::ResourceLimit(_) => io::ErrorKind::OutOfMemory,
-        _ => io::ErrorKind::Other,
-    };
-    io::Error::new(kind, e)
+    io::Error::from(e)
 }
 
 impl FrameSender for RdmaSender {
