@@ -39,11 +39,13 @@ impl std::fmt::Debug for AdmitRequest {
     }
 }
 
-/// A listener's admission gate ([`Listener::bind_gated`](crate::Listener::bind_gated), §2.4): called for
-/// every connect request whose hello is valid, before anything is counted
-/// or created for it. `Ok(())` admits the request; `Err(reason)` rejects
-/// it, and the connecting side's [`Error::Rejected`](crate::Error::Rejected) carries `reason`
-/// (control characters replaced by spaces, cut to 148 bytes). It runs on
+/// A listener's admission gate
+/// ([`Listener::bind_gated`](crate::Listener::bind_gated), §2.4): called
+/// for every connect request whose hello is valid, before anything is
+/// counted or created for it. `Ok(())` admits the request; `Err(reason)`
+/// rejects it, and the connecting side's
+/// [`Error::Rejected`](crate::Error::Rejected) carries `reason` (control
+/// characters replaced by spaces, cut to 148 bytes). It runs on
 /// the listening task, which takes every connect request in turn, so it
 /// must not block.
 pub type AdmitGate = Arc<dyn Fn(&AdmitRequest) -> Result<(), String> + Send + Sync>;

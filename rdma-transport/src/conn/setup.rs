@@ -46,10 +46,11 @@ pub async fn connect(addr: SocketAddr, cfg: &Config) -> Result<Connection, Error
 
 /// As [`connect`], presenting `ticket` to the listener (§2.4): it travels
 /// in the connect request's private data, right after the hello. A listener
-/// made by [`Listener::bind_gated`](crate::Listener::bind_gated) admits the connection only if its gate
-/// accepts the ticket, and otherwise rejects it before creating anything
-/// for it: then this fails with [`Error::Rejected`] whose `reason` is the
-/// gate's text. A listener without a gate ignores the ticket.
+/// made by [`Listener::bind_gated`](crate::Listener::bind_gated) admits
+/// the connection only if its gate accepts the ticket, and otherwise
+/// rejects it before creating anything for it: then this fails with
+/// [`Error::Rejected`] whose `reason` is the gate's text. A listener
+/// without a gate ignores the ticket.
 ///
 /// The ticket is sent in clear over the RDMA fabric; it is meant to be
 /// obtained over an authenticated channel and used once.

@@ -78,11 +78,12 @@ impl Engine {
                     });
                 }
                 // Copied out of the slot so it can be reposted now, into a
-                // buffer of its own, not a shared per-thread buffer (as rpc-core's frame arena), where one kept
-                // message (a header value, a queued DATA frame a slow handler
-                // has not read) would keep a whole shared buffer alive, and a
-                // peer sending many small messages could multiply the memory
-                // it holds on us by a whole shared buffer per message.
+                // buffer of its own, not a shared per-thread buffer (as
+                // rpc-core's frame arena), where one kept message (a header
+                // value, a queued DATA frame a slow handler has not read)
+                // would keep a whole shared buffer alive, and a peer sending
+                // many small messages could multiply the memory it holds on
+                // us by a whole shared buffer per message.
                 let msg = Bytes::copy_from_slice(&bufs.recv_slot(slot)[HDR_LEN..len]);
                 self.counters.msgs_recv += 1;
                 self.counters.bytes_recv += msg.len() as u64;
