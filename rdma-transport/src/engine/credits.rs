@@ -47,6 +47,7 @@ impl Engine {
     /// The credit fields of a received header: a grant raising our limit
     /// (§4.6), a revoke lowering it (§4.7), the answer to our revoke, and
     /// the credits the peer returned (§4.2).
+    #[inline]
     pub(super) fn on_credit_flags<B: Buffers + ?Sized>(
         &mut self,
         h: &Header,
@@ -170,6 +171,7 @@ impl Engine {
 
     /// The credit control messages due: a grant of new credits after the
     /// ring grew (§4.6), our revoke, and the answer to the peer's (§4.7).
+    #[inline]
     pub(super) fn post_credit_control<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
         // §4.6: grow the receive ring and grant the peer the new credits
         // (the receives are posted before the grant: actions keep order).
@@ -230,6 +232,7 @@ impl Engine {
 
     /// §4.3: an explicit CREDIT message, when returns are due and no data
     /// carried them.
+    #[inline]
     pub(super) fn post_credit_message<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
         // §4.3: explicit credit message when returns are due and no data
         // carried them: half the ring owed for other messages, or the ring

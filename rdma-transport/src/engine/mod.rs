@@ -19,6 +19,10 @@
 //! * `close`: CLOSE and its confirmation (§6),
 //! * `idle`: what an idle interval gives back (memory on demand, §5.5).
 //!
+//! The per-concern steps that [`Engine::on_completion`] and
+//! [`Engine::progress`] run are `#[inline]`: each has its one caller in
+//! another file, and inlined they cost what one function did.
+//!
 //! Section numbers (§) refer to `docs/wire-protocol-rdma.md`.
 
 mod close;

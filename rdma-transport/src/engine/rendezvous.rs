@@ -66,6 +66,7 @@ impl Engine {
 
     /// §5.3: rendezvous buffers returned by the peer (in order). None can
     /// come back while we hold no region of the peer's (§5.5).
+    #[inline]
     pub(super) fn on_rdv_returns(&mut self, h: &Header) -> Result<(), EngineError> {
         let avail = u64::from(self.peer_rdv_avail) + u64::from(h.rdv_return);
         let holding = !matches!(self.peer_rdv, PeerRdv::Absent | PeerRdv::Requested);
@@ -243,6 +244,7 @@ impl Engine {
     }
 
     /// §5.5: the peer asks for our region.
+    #[inline]
     pub(super) fn on_rdv_request(&mut self, h: &Header) -> Result<(), EngineError> {
         // §5.5: the peer holds no region of ours and wants one.
         if self.local_rdv != LocalRdv::Absent {
@@ -261,6 +263,7 @@ impl Engine {
     }
 
     /// §5.5: the peer granted the region we asked for.
+    #[inline]
     pub(super) fn on_rdv_grant(&mut self, h: &Header) -> Result<(), EngineError> {
         if self.peer_rdv != PeerRdv::Requested {
             return Self::proto(PeerMisbehaved::OnDemandUnexpected {
@@ -284,6 +287,7 @@ impl Engine {
     }
 
     /// §5.5: the peer takes back the region it granted us.
+    #[inline]
     pub(super) fn on_rdv_revoke(&mut self, h: &Header) -> Result<(), EngineError> {
         if self.peer_rdv != PeerRdv::Granted {
             return Self::proto(PeerMisbehaved::OnDemandUnexpected {
@@ -297,6 +301,7 @@ impl Engine {
     }
 
     /// §5.5: the peer let go of the region we revoked.
+    #[inline]
     pub(super) fn on_rdv_release<B: Buffers + ?Sized>(
         &mut self,
         h: &Header,
@@ -331,6 +336,7 @@ impl Engine {
 
     /// §5.5: the region control messages due: the grant of our region
     /// (registered now), its revoke, and the release of the peer's.
+    #[inline]
     pub(super) fn post_rdv_control<B: Buffers + ?Sized>(
         &mut self,
         bufs: &mut B,

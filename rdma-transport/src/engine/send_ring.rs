@@ -94,6 +94,7 @@ impl Engine {
 
     /// A send-queue completion: frees the send slots and staging buffers
     /// of every work request it covers (§7).
+    #[inline]
     pub(super) fn on_sq_completion(&mut self, c: Completion) -> Result<(), EngineError> {
         if !c.ok {
             return Err(EngineError::Completion {
@@ -197,6 +198,7 @@ impl Engine {
 
     /// §4.6: grows the send ring while messages wait for slots (at the
     /// registration cap it stays at its size).
+    #[inline]
     pub(super) fn grow_send_ring<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
         // §4.6: the send ring grows while messages wait for slots.
         if self.free_send.len() < 2
@@ -218,6 +220,7 @@ impl Engine {
     /// Posts the queued messages, in order, while credits, slots and the
     /// peer's rendezvous buffers allow: eager SENDs (§4.1), rendezvous
     /// chunks (§5.2), CLOSE (§6).
+    #[inline]
     pub(super) fn post_pending<B: Buffers + ?Sized>(
         &mut self,
         bufs: &mut B,
@@ -343,6 +346,7 @@ impl Engine {
     }
 
     /// §4.4: the keepalive asked for by [`keepalive`](Self::keepalive).
+    #[inline]
     pub(super) fn post_keepalive(&mut self) {
         // §4.4: keepalive, a zero-length WRITE to the start of the peer's
         // region (no data moves, no credit is used, the peer sees nothing);

@@ -473,6 +473,7 @@ impl RecvPool {
 
     /// The chunk holding buffer `b` and the buffer's offset in it, for a
     /// buffer a receive completion just handed to a connection.
+    #[inline]
     pub(super) fn held(&self, b: u32) -> Option<(Arc<RegisteredBuf>, usize)> {
         let mut st = self.lock();
         if !st.hold(b) {

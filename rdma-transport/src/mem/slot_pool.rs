@@ -49,6 +49,7 @@ impl SlotPool {
     }
 
     /// The registered segment holding slot `i`, and the slot's offset in it.
+    #[inline]
     pub(super) fn at(&self, i: usize) -> (&RegisteredBuf, usize) {
         assert!(i < self.slots, "slot {i} out of range");
         let seg = self.segs[i / self.seg_slots]
@@ -57,6 +58,7 @@ impl SlotPool {
         (seg, (i % self.seg_slots) * self.slot_bytes)
     }
 
+    #[inline]
     pub(super) fn at_mut(&mut self, i: usize) -> (&mut RegisteredBuf, usize) {
         assert!(i < self.slots, "slot {i} out of range");
         let seg = self.segs[i / self.seg_slots]
