@@ -34,7 +34,7 @@ impl Engine {
 
     /// §6: the peer's confirmation of our CLOSE, and what may still come
     /// after the peer's own CLOSE.
-    #[inline]
+    #[inline(always)]
     pub(super) fn on_close_flags(&mut self, h: &Header) -> Result<(), EngineError> {
         if h.flags & FLAG_CLOSE_SEEN != 0 {
             if !self.close_sent {

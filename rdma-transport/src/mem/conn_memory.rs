@@ -501,6 +501,9 @@ impl Buffers for ConnMemory {
             self.src.put(r);
         }
     }
+    // Registering is the rare path (memory on demand): kept out of the
+    // engine's progress, which runs several times per message.
+    #[inline(never)]
     fn open_staging(&mut self) -> Result<(), ResourceError> {
         if self.staging.is_none() {
             let st = self
@@ -518,6 +521,9 @@ impl Buffers for ConnMemory {
             self.src.put(st);
         }
     }
+    // Registering is the rare path (memory on demand): kept out of the
+    // engine's progress, which runs several times per message.
+    #[inline(never)]
     fn grow_send(&mut self, n: u32) -> Result<(), ResourceError> {
         self.send
             .ensure(&self.src, n as usize)
