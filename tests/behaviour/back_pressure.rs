@@ -1,4 +1,4 @@
-//! Tower back-pressure (issue 10, item 9): on the message transports
+//! Tower back-pressure: on the message transports
 //! `Channel::poll_ready` reserves one of the calls the server accepts at once
 //! on the connection, so it is `Pending` while all are in flight and tower's
 //! `Buffer`, `ConcurrencyLimit` and balancers see it. A reservation belongs to

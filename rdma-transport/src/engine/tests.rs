@@ -1320,7 +1320,7 @@ fn keepalive_without_a_peer_region() {
 
 #[test]
 fn an_engine_refuses_a_peer_region_that_wraps_the_address_space() {
-    // Item 4 of issue 10: with rdv_addr near 2^64 the address of the peer's
+    // With rdv_addr near 2^64 the address of the peer's
     // buffer i (rdv_addr + i * rdv_bytes) overflowed when the engine sent a
     // rendezvous chunk. The engine now validates the whole peer hello.
     let p = P::small();

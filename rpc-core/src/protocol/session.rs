@@ -352,7 +352,7 @@ pub(crate) async fn start<C: Connection>(
     });
     tokio::spawn(writer(shared.clone()));
     // Frames dispatched from the transport's own task where it can (RDMA:
-    // the connection's driver, no reader-task hop, issue 11); a reader task
+    // the connection's driver, no reader-task hop); a reader task
     // otherwise.
     match rx.deliver_inline(inline_reader(shared.clone(), acceptor.clone())) {
         Ok(stop) => {
@@ -721,7 +721,7 @@ impl Shared {
             let last = end_stream && data.is_empty();
             if chunk.len() >= GATHER_MIN_BYTES {
                 // Header and payload go to the transport as two parts: the
-                // payload is copied once, by the transport (issue 12).
+                // payload is copied once, by the transport.
                 self.send_data_parts(frame::encode_data_head(id, last), chunk, n, last)
                     .await?;
             } else {
