@@ -1,4 +1,4 @@
-//! One handler's oversized response metadata fails only its own call
+//! One handler's oversized response metadata fails only its own call:
 //! the server checks the client's advertised metadata
 //! limit before it encodes HEADERS/TRAILERS (`docs/wire-protocol.md` §1.5),
 //! so the client never sees a frame it must treat as a protocol violation of
