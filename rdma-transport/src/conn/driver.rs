@@ -21,21 +21,12 @@ use super::spin::SpinBudget;
 use super::{engine_err, io_err, Connection};
 use crate::config::{Config, PollMode};
 use crate::engine::wire::{Hello, Ticket};
-use crate::engine::{Completion, Engine, EngineCounters, EngineError, Event, WR_RECV};
+use crate::engine::{Completion, Engine, EngineCounters, EngineError, Event, TimerConfig, WR_RECV};
 use crate::error::Error;
 use crate::mem::WR_BIND;
 use crate::stats::ConnStats;
 use crate::verbs::cm::{CmId, EventChannel};
 use crate::verbs::{async_fd, Cq, Wc};
-
-/// §2.3 step 6: the active side's first setup kick comes this long after
-/// the connection started, and each further one twice as long after the
-/// previous one, while nothing was received from the passive side.
-const SETUP_KICK_FIRST: Duration = Duration::from_millis(4);
-
-/// §2.3 step 6: no more setup kicks once the interval would exceed this
-/// (8 kicks over ~2 s); the keepalive (§4.4) remains the backstop.
-const SETUP_KICK_LAST: Duration = Duration::from_secs(1);
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn spawn_driver(
@@ -43,7 +34,7 @@ pub(super) fn spawn_driver(
     cm_afd: CmFd,
     id: Arc<CmId>,
     res: Resources,
-    engine: Engine,
+    mut engine: Engine,
     cfg: Config,
     peer: SocketAddr,
     peer_hello: Hello,
@@ -56,11 +47,21 @@ pub(super) fn spawn_driver(
     let (tx, cmd_rx) = mpsc::channel(cfg.send_queue_messages.max(1));
     let (deliver_tx, rx) = mpsc::unbounded_channel();
     let chunk = engine.config().chunk_bytes();
+    // §2.3 step 6, §4.4, §4.5, §5.5: the engine's clock-driven policy.
+    let start = tokio::time::Instant::now();
+    engine.start_clock(
+        start.into_std(),
+        TimerConfig {
+            keepalive: cfg.keepalive,
+            idle_release: cfg.memory_idle_release,
+            setup_kicks: active,
+            recv_queue_bytes: cfg.recv_queue_bytes,
+        },
+    );
     let core = Core {
         engine,
         mem: res.mem,
         actions: Vec::with_capacity(64),
-        posted: false,
         failed: None,
     };
     let shared = Arc::new(Shared::new(
@@ -74,8 +75,7 @@ pub(super) fn spawn_driver(
         stats.bump(|s| &s.shared_receive_connections, 1);
     }
     let max = cfg.max_message_bytes.min(peer_hello.max_message as usize);
-    let keepalive_timer = Box::pin(tokio::time::sleep(cfg.keepalive));
-    let idle_timer = Box::pin(tokio::time::sleep(cfg.memory_idle_release));
+    let timer = Box::pin(tokio::time::sleep_until(start));
     let spin = SpinBudget::new(cfg.poll_mode, cfg.busy_poll);
     let d = Driver {
         cm_afd,
@@ -96,16 +96,9 @@ pub(super) fn spawn_driver(
         close_waiters: Vec::new(),
         peer_gone: false,
         wcs: Vec::with_capacity(64),
-        keepalive_timer,
-        idle_timer,
+        timer,
         woke_receiver: false,
         spin,
-        setup_kick: active.then(|| {
-            (
-                tokio::time::Instant::now() + SETUP_KICK_FIRST,
-                SETUP_KICK_FIRST,
-            )
-        }),
         _admission: admission,
     };
     tokio::spawn(d.run());
@@ -155,23 +148,15 @@ struct Driver {
     close_waiters: Vec<oneshot::Sender<()>>,
     peer_gone: bool,
     wcs: Vec<Wc>,
-    /// Fires once per keepalive interval; a keepalive is posted when nothing
-    /// was posted during a whole interval (so after 1 to 2 intervals of
-    /// idleness).
-    keepalive_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// Memory on demand (§5.5): fires once per `memory_idle_release`; what
-    /// went unused for a whole interval is given back.
-    idle_timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Sleeps until the engine's next deadline (`Engine::poll_timeout`:
+    /// setup kick, keepalive, idle release).
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// A message was handed to the `RecvHalf` since the driver last yielded
     /// (§8: yield before busy-polling, so the task it woke can run on this
     /// worker first).
     woke_receiver: bool,
     /// The busy-poll budget (§8, `Config::poll_mode`).
     spin: SpinBudget,
-    /// Active side, until the passive side's first message arrived: when
-    /// the next setup kick is due and the interval that led to it (§2.3
-    /// step 6).
-    setup_kick: Option<(tokio::time::Instant, Duration)>,
     /// Listener side: this connection's count against its source address
     /// (`Config::max_connections_per_address`); last, so it is released
     /// only after the memory above was freed.
@@ -300,7 +285,7 @@ impl Driver {
         }
         // §4.5: an application that does not read holds back the peer.
         core.engine
-            .set_hold_returns(self.recv_open && self.shared.over_limit());
+            .note_backlog(self.shared.queued.load(Ordering::Acquire), self.recv_open);
         core.post()?;
         let mut events = std::mem::take(&mut self.events);
         while let Some(e) = core.engine.next_event() {
@@ -484,30 +469,17 @@ impl Driver {
                 }
             }
             let cmds = self.cmd_open;
-            let keepalive = !self.cfg.keepalive.is_zero();
-            // Memory on demand (§5.5): the idle timer runs only while there
-            // is something to give back, so an idle connection holding its
-            // initial rings only is never woken for it.
-
-            if self.setup_kick.is_some()
-                && self.with_engine(|e| e.heard_from_peer()).unwrap_or(true)
-            {
-                self.setup_kick = None;
-            }
             // One look under the core lock: receive back-pressure (§4.5),
-            // and whether memory on demand has anything to give back, so the
-            // idle timer runs only then (§5.5: an idle connection at its
-            // initial size is never woken for it).
-            let (holding, releasable) = self
-                .with_engine(|e| (e.holding_returns(), e.has_releasable()))
-                .unwrap_or((false, false));
-            let idle_release =
-                releasable && self.cfg.memory_on_demand && !self.cfg.memory_idle_release.is_zero();
-            let (kick, kick_at) = match self.setup_kick {
-                Some((at, _)) => (true, at),
-                // Not polled; any stored instant will do (no clock read).
-                None => (false, self.keepalive_timer.deadline()),
-            };
+            // and the engine's next deadline (setup kick, keepalive, idle
+            // release; no clock read).
+            let (holding, next) = self
+                .with_engine(|e| (e.holding_returns(), e.poll_timeout()))
+                .unwrap_or((false, None));
+            if let Some(at) = next.map(tokio::time::Instant::from_std) {
+                if self.timer.deadline() != at {
+                    self.timer.as_mut().reset(at);
+                }
+            }
             tokio::select! {
                 biased;
                 r = self.cq_afd.readable(), if !spin => {
@@ -549,50 +521,17 @@ impl Driver {
                         k => tracing::debug!("ignoring cm event {}", event_name(k)),
                     }
                 }
-                _ = tokio::time::sleep_until(kick_at), if kick => {
-                    // §2.3 step 6: nothing heard from the passive side yet.
-                    // A zero-length WRITE makes its NIC look at the
-                    // connection again: siw (Linux 6.1) ignores FPDUs that
-                    // arrive while its accept is still installing the QP's
-                    // socket callbacks, until the next segment arrives.
-                    self.with_engine(|e| e.keepalive());
-                    self.stats.bump(|s| &s.setup_kicks, 1);
-                    let now = tokio::time::Instant::now();
-                    self.setup_kick = self.setup_kick.and_then(|(_, d)| {
-                        let d = d * 2;
-                        (d <= SETUP_KICK_LAST).then_some((now + d, d))
-                    });
-                }
-                _ = self.keepalive_timer.as_mut(), if keepalive => {
-                    let now = tokio::time::Instant::now();
-                    // §4.4: nothing posted during a whole interval: probe.
-                    let idle = self
-                        .shared
-                        .core()
-                        .as_mut()
-                        .is_some_and(|c| {
-                            let idle = !std::mem::take(&mut c.posted);
-                            if idle {
-                                c.engine.keepalive();
-                            }
-                            idle
-                        });
-                    if idle {
-                        self.stats.bump(|s| &s.keepalives, 1);
-                    }
-                    self.keepalive_timer.as_mut().reset(now + self.cfg.keepalive);
-                }
-                _ = self.idle_timer.as_mut(), if idle_release => {
-                    let now = tokio::time::Instant::now();
-                    if let Some(c) = self.shared.core().as_mut() {
+                _ = self.timer.as_mut(), if next.is_some() => {
+                    let now = tokio::time::Instant::now().into_std();
+                    let fired = self.shared.core().as_mut().map(|c| {
                         let Core { engine, mem, .. } = c;
-                        engine.on_idle_tick(mem);
+                        engine.handle_timeout(now, mem)
+                    });
+                    if let Some(f) = fired {
+                        self.stats.bump(|s| &s.setup_kicks, u64::from(f.setup_kick));
+                        self.stats.bump(|s| &s.keepalives, u64::from(f.keepalive));
                     }
-                    // Posts a REVOKE if one is due (§5.5).
-                    self.step()?;
-                    self.idle_timer
-                        .as_mut()
-                        .reset(now + self.cfg.memory_idle_release);
+                    // The next turn's step() posts what it queued.
                 }
                 _ = self.deliver_tx.closed(), if self.recv_open => {
                     self.recv_open = false;

@@ -4,7 +4,7 @@
 //! receive queue's accounting (§4.5), the installed inline handler, and
 //! the error that ended the connection.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
 
 use bytes::Bytes;
@@ -43,9 +43,6 @@ pub(super) struct Core {
     pub(super) mem: ConnMemory,
     /// Reused buffer for the engine's actions (no allocation per post).
     pub(super) actions: Vec<Action>,
-    /// Work requests were posted since the keepalive timer last fired
-    /// (§4.4): set per post without reading the clock.
-    pub(super) posted: bool,
     /// A post from a `SendHalf` failed: the driver ends the connection with it.
     pub(super) failed: Option<Error>,
 }
@@ -73,8 +70,8 @@ impl Core {
             .execute(&self.actions)
             .and(p.map_err(|e| engine_err(e, "send")));
         if !self.actions.is_empty() {
-            // §4.4: no clock read per post; the keepalive timer looks at this.
-            self.posted = true;
+            // §4.4: no clock read per post; the keepalive looks at this.
+            self.engine.note_posted();
         }
         self.actions.clear();
         r
@@ -133,10 +130,6 @@ impl Shared {
 
     pub(super) fn core(&self) -> std::sync::MutexGuard<'_, Option<Core>> {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(super) fn over_limit(&self) -> bool {
-        self.queued.load(Ordering::Acquire) > self.queue_limit
     }
 
     pub(super) fn error(&self) -> Error {

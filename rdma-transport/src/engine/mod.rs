@@ -17,7 +17,9 @@
 //! * `rendezvous`: chunks written into the peer's region and landed in
 //!   ours (§5), and the regions on demand (§5.5),
 //! * `close`: CLOSE and its confirmation (§6),
-//! * `idle`: what an idle interval gives back (memory on demand, §5.5).
+//! * `idle`: what an idle interval gives back (memory on demand, §5.5),
+//! * `clock`: time as an input: setup kicks, keepalive, idle release and
+//!   the receive back-pressure limit (§2.3, §4.4, §4.5, §5.5).
 //!
 //! The per-concern steps that [`Engine::on_completion`] and
 //! [`Engine::progress`] run are `#[inline]`: each has its one caller in
@@ -25,6 +27,7 @@
 //!
 //! Section numbers (§) refer to `docs/wire-protocol-rdma.md`.
 
+mod clock;
 mod close;
 mod credits;
 mod idle;
@@ -37,6 +40,7 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
+pub use self::clock::{Fired, TimerConfig, SETUP_KICK_FIRST, SETUP_KICK_LAST};
 use self::credits::Revoke;
 use self::rendezvous::{LocalRdv, PeerRdv, Reassembly};
 use self::send_ring::{Held, Outgoing};
@@ -395,6 +399,9 @@ pub struct Engine {
     /// A message from the peer was received (§2.3: ends the active side's
     /// setup kicks).
     heard: bool,
+    /// The clock-driven policy: setup kicks, keepalive, idle release (§2.3,
+    /// §4.4, §5.5).
+    timers: clock::Timers,
     // --- outputs ---
     actions: Vec<Action>,
     events: VecDeque<Event>,
@@ -480,6 +487,7 @@ impl Engine {
             keepalive_due: false,
             peer_saw_close: false,
             heard: false,
+            timers: clock::Timers::default(),
             actions: Vec::new(),
             events: VecDeque::new(),
             counters: EngineCounters::default(),

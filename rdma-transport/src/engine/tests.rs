@@ -2289,3 +2289,151 @@ fn revokes_out_of_turn_are_violations() {
         PeerMisbehaved::OnDemandUnexpected { .. }
     ));
 }
+
+// --- time as an input (clock.rs: §2.3 step 6, §4.4, §4.5, §5.5) ---
+
+fn timers(keepalive_ms: u64, idle_ms: u64, kicks: bool) -> TimerConfig {
+    TimerConfig {
+        keepalive: std::time::Duration::from_millis(keepalive_ms),
+        idle_release: std::time::Duration::from_millis(idle_ms),
+        setup_kicks: kicks,
+        recv_queue_bytes: 1000,
+    }
+}
+
+fn ms(t0: std::time::Instant, at: Option<std::time::Instant>) -> Option<u128> {
+    at.map(|a| a.duration_since(t0).as_millis())
+}
+
+#[test]
+fn an_engine_without_a_clock_has_no_deadline() {
+    let (mut e, mut m, _) = receiver();
+    assert_eq!(e.poll_timeout(), None);
+    let fired = e.handle_timeout(std::time::Instant::now(), &mut m);
+    assert_eq!(fired, Fired::default());
+}
+
+#[test]
+fn setup_kicks_back_off_and_end_at_one_second() {
+    let (mut e, mut m, _) = receiver();
+    let _initial_receives = e.take_actions();
+    let t0 = std::time::Instant::now();
+    e.start_clock(t0, timers(15_000, 0, true));
+    let mut kicks = Vec::new();
+    while let Some(at) = e.poll_timeout() {
+        if at >= t0 + std::time::Duration::from_secs(15) {
+            break; // the keepalive's: the kicks are over
+        }
+        let fired = e.handle_timeout(at, &mut m);
+        assert!(fired.setup_kick && !fired.keepalive, "{fired:?}");
+        kicks.push(at.duration_since(t0).as_millis());
+        e.progress(&mut m).unwrap();
+        let a = e.take_actions();
+        assert!(
+            matches!(a.as_slice(), [Action::PostWrite { len: 0, .. }]),
+            "a kick is a zero-length WRITE: {a:?}"
+        );
+        assert!(kicks.len() <= 8, "{kicks:?}");
+    }
+    assert_eq!(kicks, [4, 12, 28, 60, 124, 252, 508, 1020]);
+    assert_eq!(
+        ms(t0, e.poll_timeout()),
+        Some(15_000),
+        "the keepalive remains"
+    );
+}
+
+#[test]
+fn setup_kicks_stop_once_the_peer_is_heard() {
+    let p = P::small();
+    let (mut a, mut b) = connect(&p);
+    let t0 = std::time::Instant::now();
+    a.e.start_clock(t0, timers(0, 0, true));
+    assert_eq!(ms(t0, a.e.poll_timeout()), Some(4));
+    b.e.submit(pattern(1, 10));
+    pump(&mut a, &mut b);
+    assert!(a.e.heard_from_peer());
+    assert_eq!(a.e.poll_timeout(), None, "heard: no more kicks");
+    let fired =
+        a.e.handle_timeout(t0 + std::time::Duration::from_millis(4), &mut a.mem);
+    assert!(!fired.setup_kick);
+}
+
+#[test]
+fn a_keepalive_goes_only_after_an_interval_without_posts() {
+    let (mut e, mut m, _) = receiver();
+    let _initial_receives = e.take_actions();
+    let t0 = std::time::Instant::now();
+    e.start_clock(t0, timers(100, 0, false));
+    assert_eq!(ms(t0, e.poll_timeout()), Some(100));
+    // Something was posted in the first interval: no probe.
+    e.note_posted();
+    let t1 = t0 + std::time::Duration::from_millis(100);
+    assert!(!e.handle_timeout(t1, &mut m).keepalive);
+    e.progress(&mut m).unwrap();
+    assert!(e.take_actions().is_empty());
+    assert_eq!(ms(t0, e.poll_timeout()), Some(200));
+    // Early: nothing is due yet.
+    let early = t0 + std::time::Duration::from_millis(150);
+    assert_eq!(e.handle_timeout(early, &mut m), Fired::default());
+    // A whole interval without a post: one probe.
+    let t2 = t0 + std::time::Duration::from_millis(200);
+    assert!(e.handle_timeout(t2, &mut m).keepalive);
+    e.progress(&mut m).unwrap();
+    let a = e.take_actions();
+    assert!(
+        matches!(a.as_slice(), [Action::PostWrite { len: 0, .. }]),
+        "{a:?}"
+    );
+    assert_eq!(ms(t0, e.poll_timeout()), Some(300));
+}
+
+#[test]
+fn the_idle_timer_counts_only_while_something_can_be_given_back() {
+    let pa = P::on_demand();
+    let pb = P::on_demand();
+    let mut a = Side::new(&pa, &pb);
+    let mut b = Side::new(&pb, &pa);
+    let t0 = std::time::Instant::now();
+    a.e.start_clock(t0, timers(0, 100, false));
+    b.e.start_clock(t0, timers(0, 100, false));
+    assert_eq!(
+        a.e.poll_timeout(),
+        None,
+        "at its initial size a connection is never woken"
+    );
+    for i in 0..6u64 {
+        a.e.submit(pattern(i, 9_000));
+    }
+    pump(&mut a, &mut b);
+    assert!(b.mem.rdv_open && a.mem.staging_open);
+    // The deadline that passed while nothing was releasable is due at once.
+    assert_eq!(ms(t0, b.e.poll_timeout()), Some(100));
+    // Two idle intervals give the region and the staging buffers back.
+    for k in 1..=2u64 {
+        let now = t0 + std::time::Duration::from_millis(100 * k);
+        assert!(a.e.handle_timeout(now, &mut a.mem).idle_release);
+        assert!(b.e.handle_timeout(now, &mut b.mem).idle_release);
+        pump(&mut a, &mut b);
+    }
+    assert!(!b.mem.rdv_open && !a.mem.staging_open);
+    assert_eq!(a.e.poll_timeout(), None, "nothing left to give back");
+    assert_eq!(b.e.poll_timeout(), None);
+}
+
+#[test]
+fn credit_returns_are_held_while_the_application_is_behind() {
+    let (mut e, _m, _) = receiver();
+    e.start_clock(std::time::Instant::now(), timers(0, 0, false));
+    e.note_backlog(1000, true);
+    assert!(!e.holding_returns(), "at the limit");
+    e.note_backlog(1001, true);
+    assert!(e.holding_returns(), "over the limit");
+    e.note_backlog(1001, false);
+    assert!(
+        !e.holding_returns(),
+        "an application that stopped reading holds back nothing"
+    );
+    e.note_backlog(0, true);
+    assert!(!e.holding_returns());
+}

@@ -90,6 +90,10 @@ struct PoolState<C> {
     /// (then never again for this pool).
     draining: bool,
     drain_off: bool,
+    /// Posted buffers the running drain may still cycle through to pack
+    /// what stays posted into fewer chunks ([`PoolState::compact`]); `None`
+    /// until the drain has taken back all it may.
+    compact_left: Option<usize>,
     /// Scratch list of buffers to post (kept: no allocation per repost).
     post: Vec<u32>,
 }
@@ -106,6 +110,7 @@ impl<C> Default for PoolState<C> {
             held: 0,
             draining: false,
             drain_off: false,
+            compact_left: None,
             post: Vec::new(),
         }
     }
@@ -250,6 +255,65 @@ impl<C> PoolState<C> {
     fn drain_undo(&mut self, k: usize) {
         self.active += k;
     }
+
+    /// Registered chunks.
+    fn chunk_count(&self) -> usize {
+        self.chunks.iter().flatten().count()
+    }
+
+    /// Whether what stays posted or held is spread over more chunks than
+    /// it needs, by more than one: worth a compaction round.
+    fn fragmented(&self) -> bool {
+        self.chunk_count() > self.active.div_ceil(CHUNK_BUFFERS) + 1
+    }
+
+    /// One compaction round of at most `max` buffers (wire protocol §4.7,
+    /// "The drain"): moves idle buffers of the chunks that are kept (the
+    /// fullest, as many as `active` needs) to `post`, as replacements for
+    /// as many of the oldest posted receives, which the drain then consumes
+    /// ([`drain_start`](Self::drain_start) with the returned count). The
+    /// SRQ hands out receives in the order they were posted, so cycling
+    /// through the posted buffers once moves them all into the kept chunks
+    /// and lets the others go. `active` is unchanged: the replacements are
+    /// posted before the drain's SENDs, so the SRQ never holds fewer. 0:
+    /// nothing to do (not fragmented, the cycle done, or no idle buffer in
+    /// a kept chunk).
+    fn compact(&mut self, max: usize) -> usize {
+        let left = *self
+            .compact_left
+            .get_or_insert(self.active.saturating_sub(self.held));
+        if left == 0 || !self.fragmented() {
+            return 0;
+        }
+        // The chunks to keep: the fewest idle buffers first.
+        let mut order: Vec<usize> = (0..self.chunks.len())
+            .filter(|&k| self.chunks[k].is_some())
+            .collect();
+        order.sort_by_key(|&k| self.idle_in_chunk[k]);
+        order.truncate(self.active.div_ceil(CHUNK_BUFFERS));
+        let mut keep = vec![false; self.chunks.len()];
+        for &k in &order {
+            keep[k] = true;
+        }
+        let want = left.min(max);
+        self.post.clear();
+        let mut i = 0;
+        while i < self.idle.len() && self.post.len() < want {
+            let b = self.idle[i];
+            let k = b as usize / CHUNK_BUFFERS;
+            if keep[k] {
+                self.idle.swap_remove(i);
+                self.idle_in_chunk[k] -= 1;
+                self.post.push(b);
+            } else {
+                i += 1;
+            }
+        }
+        let n = self.post.len();
+        self.active += n;
+        self.compact_left = Some(left - n);
+        n
+    }
 }
 
 impl RecvPool {
@@ -335,6 +399,7 @@ impl RecvPool {
                         );
                         let mut st = p.lock();
                         st.draining = false;
+                        st.compact_left = None;
                         st.drain_off = true;
                         break;
                     }
@@ -353,9 +418,23 @@ impl RecvPool {
         let k = {
             let mut st = self.lock();
             // Started at DRAIN_MIN; once running, down to what it may take.
-            let k = drain_size(&st).min(DRAIN_BATCH);
+            let mut k = drain_size(&st).min(DRAIN_BATCH);
+            if k == 0 {
+                // All that may be taken back is: pack what stays posted
+                // into fewer chunks, one cycle through the SRQ at most.
+                k = st.compact(DRAIN_BATCH);
+                if k > 0 {
+                    if let Err(e) = self.post(&mut st) {
+                        // Counted as posted (some may not be): their chunks
+                        // stay registered, which is the safe side.
+                        st.post.clear();
+                        return Err(e);
+                    }
+                }
+            }
             if k == 0 {
                 st.draining = false;
+                st.compact_left = None;
                 return Ok(false);
             }
             st.drain_start(k);
@@ -696,5 +775,90 @@ mod tests {
         q.drain_start(20);
         q.drain_undo(5);
         assert_eq!(q.active, 56 - 15);
+    }
+
+    /// The SRQ as the NIC sees it: receives handed out in posting order.
+    struct Fifo(std::collections::VecDeque<u32>);
+
+    impl Fifo {
+        fn post(&mut self, p: &mut PoolState<()>) {
+            self.0.extend(p.post.drain(..));
+        }
+        /// A drain round of `k` SENDs: the `k` oldest receives.
+        fn drain(&mut self, p: &mut PoolState<()>, k: usize) {
+            p.drain_start(k);
+            for _ in 0..k {
+                let b = self.0.pop_front().expect("a posted receive");
+                p.drained(b);
+            }
+        }
+    }
+
+    #[test]
+    fn after_a_drain_what_stays_posted_is_packed_into_few_chunks() {
+        let mut p = pool();
+        let mut srq = Fifo(Default::default());
+        for _ in 0..96 {
+            for _ in 0..p.chunks_short(4, 1 << 14).unwrap() {
+                p.add_chunk(());
+            }
+            p.reserve(4);
+            srq.post(&mut p);
+        }
+        assert_eq!(p.chunk_count(), 25);
+        // Traffic: every 7th posted receive completes and is reposted, so
+        // the newest receives are spread over all the chunks.
+        let mut moved = Vec::new();
+        let all: Vec<u32> = srq.0.iter().copied().collect();
+        for (i, &b) in all.iter().enumerate() {
+            if i % 7 == 3 {
+                moved.push(b);
+            }
+        }
+        srq.0.retain(|b| !moved.contains(b));
+        for &b in &moved {
+            assert!(p.hold(b));
+        }
+        p.give_back(&moved);
+        assert_eq!(p.post.len(), moved.len(), "at the target: reposted");
+        srq.post(&mut p);
+        // 95 connections close.
+        p.reserved -= 95 * 4;
+        while drain_size(&p) > 0 {
+            let k = drain_size(&p).min(DRAIN_BATCH);
+            srq.drain(&mut p, k);
+        }
+        let posted = p.active;
+        assert!(
+            p.fragmented(),
+            "the reposted receives keep {} chunks for {posted} buffers",
+            p.chunk_count()
+        );
+        let mut rounds = 0;
+        loop {
+            let k = p.compact(DRAIN_BATCH);
+            if k == 0 {
+                break;
+            }
+            srq.post(&mut p);
+            srq.drain(&mut p, k);
+            rounds += 1;
+            assert!(rounds < 10, "one cycle through the SRQ at most");
+        }
+        assert_eq!(p.active, posted, "compaction keeps as many posted");
+        assert_eq!(srq.0.len(), posted);
+        assert!(
+            p.chunk_count() <= posted.div_ceil(CHUNK_BUFFERS) + 1,
+            "{} chunks for {posted} posted buffers",
+            p.chunk_count()
+        );
+        // Every posted buffer is in a registered chunk, none also idle.
+        for &b in &srq.0 {
+            assert!(p.ours(b) && !p.idle.contains(&b));
+        }
+        assert_eq!(p.idle.len() + p.active, p.registered());
+        // A second drain run starts a new cycle.
+        p.compact_left = None;
+        assert_eq!(p.compact(DRAIN_BATCH), 0, "not fragmented: nothing");
     }
 }
