@@ -4,14 +4,13 @@
 //! an `Auto` (or `RdmaOnly`) client that could not reach RDMA at the TCP
 //! port asks it and tries RDMA there.
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tonic::body::Body;
+
+use super::control;
 
 /// The service's full name.
 pub(crate) const SERVICE: &str = "rdma_grpc.RdmaEndpoint";
@@ -41,12 +40,7 @@ impl tower::Service<http::Request<Body>> for RdmaEndpointService {
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         if req.uri().path() != PATH {
-            return std::future::ready(Ok(tonic::Status::unimplemented(format!(
-                "{} has no method {}",
-                SERVICE,
-                req.uri().path()
-            ))
-            .into_http()));
+            return std::future::ready(Ok(control::no_method(SERVICE, req.uri().path())));
         }
         let port = self.port.load(Ordering::Acquire);
         // GetResponse { uint32 port = 1; } (proto3: 0 is omitted).
@@ -55,23 +49,7 @@ impl tower::Service<http::Request<Body>> for RdmaEndpointService {
             msg.push(0x08);
             put_varint(&mut msg, u64::from(port));
         }
-        let mut data = Vec::with_capacity(5 + msg.len());
-        data.push(0);
-        data.extend_from_slice(&(msg.len() as u32).to_be_bytes());
-        data.extend_from_slice(&msg);
-        let mut trailers = http::HeaderMap::new();
-        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-        let frames = vec![
-            Ok::<_, Infallible>(http_body::Frame::data(Bytes::from(data))),
-            Ok(http_body::Frame::trailers(trailers)),
-        ];
-        let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
-        let mut resp = http::Response::new(Body::new(body));
-        resp.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/grpc"),
-        );
-        std::future::ready(Ok(resp))
+        std::future::ready(Ok(control::reply(&msg)))
     }
 }
 
@@ -99,13 +77,7 @@ fn get_varint(b: &[u8], i: &mut usize) -> Option<u64> {
 /// Parses a `Get` response body (gRPC length-prefixed message): the port,
 /// `Ok(None)` for 0 or absent.
 pub(crate) fn parse_response(body: &[u8]) -> Result<Option<u16>, String> {
-    if body.len() < 5 || body[0] != 0 {
-        return Err("malformed RDMA endpoint response".into());
-    }
-    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
-    let msg = body
-        .get(5..5 + len)
-        .ok_or("truncated RDMA endpoint response")?;
+    let msg = control::message(body).ok_or("malformed RDMA endpoint response")?;
     let mut i = 0;
     let mut port = 0u64;
     while i < msg.len() {
@@ -138,56 +110,12 @@ pub(crate) fn parse_response(body: &[u8]) -> Result<Option<u16>, String> {
 /// server has no RDMA listener, or does not know the method (a stock gRPC
 /// server answers UNIMPLEMENTED).
 pub(crate) async fn query(ch: &tonic::transport::Channel) -> Result<Option<u16>, String> {
-    use tower::ServiceExt;
-    let mut req = http::Request::new(Body::new(http_body_util::Full::new(Bytes::from_static(&[
-        0, 0, 0, 0, 0,
-    ]))));
-    *req.method_mut() = http::Method::POST;
-    *req.uri_mut() = http::Uri::from_static(PATH);
-    req.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/grpc"),
-    );
-    req.headers_mut()
-        .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
-    let work = async {
-        let resp = ch
-            .clone()
-            .oneshot(req)
-            .await
-            .map_err(|e| crate::error::error_chain(&e))?;
-        let status = |h: &http::HeaderMap| {
-            h.get("grpc-status")
-                .map(|v| v.as_bytes().to_vec())
-                .unwrap_or_default()
-        };
-        if !status(resp.headers()).is_empty() {
-            // Trailers-only: UNIMPLEMENTED from a stock server, or another error.
-            return Ok(None);
-        }
-        let mut body = resp.into_body();
-        let mut data = Vec::new();
-        let mut trailers = None;
-        while let Some(f) = body.frame().await {
-            let f = f.map_err(|e: tonic::Status| e.to_string())?;
-            match f.into_data() {
-                Ok(d) => {
-                    data.extend_from_slice(&d);
-                    if data.len() > MAX_RESPONSE {
-                        return Err("RDMA endpoint response too large".to_string());
-                    }
-                }
-                Err(f) => trailers = f.into_trailers().ok(),
-            }
-        }
-        if trailers.as_ref().map(status).as_deref() != Some(b"0") {
-            return Ok(None);
-        }
-        parse_response(&data)
-    };
-    tokio::time::timeout(Duration::from_secs(5), work)
-        .await
-        .map_err(|_| "RDMA endpoint query timed out".to_string())?
+    let answer = control::call(ch, PATH, MAX_RESPONSE, "RDMA endpoint query").await?;
+    // Trailers-only is UNIMPLEMENTED from a stock server, or another error.
+    if answer.trailers_only || !answer.ok() {
+        return Ok(None);
+    }
+    parse_response(&answer.data)
 }
 
 #[cfg(test)]

@@ -13,8 +13,6 @@
 //! This module owns the ticket table, the service that issues tickets, and
 //! the client's call that fetches one.
 
-use bytes::Bytes;
-use http_body_util::BodyExt;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -22,6 +20,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tonic::body::Body;
 
+use super::control;
 use crate::info::{PeerTls, TlsPeer};
 
 /// The service's full name.
@@ -160,11 +159,7 @@ impl tower::Service<http::Request<Body>> for TicketService {
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         if req.uri().path() != PATH {
-            return std::future::ready(Ok(tonic::Status::unimplemented(format!(
-                "{SERVICE} has no method {}",
-                req.uri().path()
-            ))
-            .into_http()));
+            return std::future::ready(Ok(control::no_method(SERVICE, req.uri().path())));
         }
         #[cfg(feature = "tls")]
         let peer = req.extensions().get::<PeerTls>().cloned();
@@ -189,37 +184,18 @@ impl tower::Service<http::Request<Body>> for TicketService {
             }
         };
         // IssueResponse { bytes ticket = 1; }
-        let mut data = Vec::with_capacity(5 + 2 + TICKET_LEN);
-        data.push(0);
-        data.extend_from_slice(&((2 + TICKET_LEN) as u32).to_be_bytes());
-        data.push(0x0a);
-        data.push(TICKET_LEN as u8);
-        data.extend_from_slice(&ticket);
-        let mut trailers = http::HeaderMap::new();
-        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
-        let frames = vec![
-            Ok::<_, Infallible>(http_body::Frame::data(Bytes::from(data))),
-            Ok(http_body::Frame::trailers(trailers)),
-        ];
-        let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
-        let mut resp = http::Response::new(Body::new(body));
-        resp.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/grpc"),
-        );
-        std::future::ready(Ok(resp))
+        let mut msg = [0u8; 2 + TICKET_LEN];
+        msg[0] = 0x0a;
+        msg[1] = TICKET_LEN as u8;
+        msg[2..].copy_from_slice(&ticket);
+        std::future::ready(Ok(control::reply(&msg)))
     }
 }
 
 /// Parses an `Issue` response body: the ticket.
 pub(crate) fn parse_response(body: &[u8]) -> Result<Ticket, String> {
-    let prefix = ((2 + TICKET_LEN) as u32).to_be_bytes();
-    match body {
-        [0, p0, p1, p2, p3, 0x0a, n, rest @ ..]
-            if [*p0, *p1, *p2, *p3] == prefix
-                && usize::from(*n) == TICKET_LEN
-                && rest.len() == TICKET_LEN =>
-        {
+    match control::message(body) {
+        Some([0x0a, n, rest @ ..]) if usize::from(*n) == TICKET_LEN && rest.len() == TICKET_LEN => {
             let mut t = [0u8; TICKET_LEN];
             t.copy_from_slice(rest);
             Ok(t)
@@ -230,64 +206,14 @@ pub(crate) fn parse_response(body: &[u8]) -> Result<Ticket, String> {
 
 /// Asks a TLS server for an RDMA ticket over `ch` (its TLS channel).
 pub(crate) async fn fetch(ch: &tonic::transport::Channel) -> Result<Ticket, String> {
-    use tower::ServiceExt;
-    let mut req = http::Request::new(Body::new(http_body_util::Full::new(Bytes::from_static(&[
-        0, 0, 0, 0, 0,
-    ]))));
-    *req.method_mut() = http::Method::POST;
-    *req.uri_mut() = http::Uri::from_static(PATH);
-    req.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/grpc"),
-    );
-    req.headers_mut()
-        .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
-    let work = async {
-        let resp = ch
-            .clone()
-            .oneshot(req)
-            .await
-            .map_err(|e| crate::error::error_chain(&e))?;
-        let status = |h: &http::HeaderMap| {
-            h.get("grpc-status").map(|v| {
-                let msg = h
-                    .get("grpc-message")
-                    .and_then(|m| m.to_str().ok())
-                    .unwrap_or("");
-                format!("{} {msg}", v.to_str().unwrap_or("?"))
-            })
-        };
-        if let Some(s) = status(resp.headers()) {
-            return Err(format!(
-                "the server issued no RDMA ticket (grpc-status {s})"
-            ));
-        }
-        let mut body = resp.into_body();
-        let mut data = Vec::new();
-        let mut trailers = None;
-        while let Some(f) = body.frame().await {
-            let f = f.map_err(|e: tonic::Status| e.to_string())?;
-            match f.into_data() {
-                Ok(d) => {
-                    data.extend_from_slice(&d);
-                    if data.len() > 64 {
-                        return Err("RDMA ticket response too large".to_string());
-                    }
-                }
-                Err(f) => trailers = f.into_trailers().ok(),
-            }
-        }
-        match trailers.as_ref().and_then(status) {
-            Some(s) if s.starts_with("0 ") => parse_response(&data),
-            Some(s) => Err(format!(
-                "the server issued no RDMA ticket (grpc-status {s})"
-            )),
-            None => Err("RDMA ticket response without trailers".to_string()),
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), work)
-        .await
-        .map_err(|_| "RDMA ticket request timed out".to_string())?
+    let answer = control::call(ch, PATH, 64, "RDMA ticket request").await?;
+    if answer.trailers_only || !answer.ok() {
+        return Err(format!(
+            "the server issued no RDMA ticket ({})",
+            answer.status_text()
+        ));
+    }
+    parse_response(&answer.data)
 }
 
 #[cfg(test)]
