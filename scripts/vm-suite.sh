@@ -88,7 +88,7 @@ wait_port() {
 
 # The examples, as a user runs them.
 A="$SOFTROCE_IP:50051"
-timeout 300 $BIN/helloworld-server --addr "$A" >/tmp/hw-server.log 2>&1 &
+timeout 300 $BIN/helloworld-server --addr "$A" >"$LOG/hw-server.log" 2>&1 &
 srv=$!
 wait_port "$A"
 check "helloworld-client over RDMA prints 'transport: rdma'" \
@@ -121,7 +121,7 @@ check "demo over RDMA" bash -c "timeout 300 $BIN/demo --addr $SOFTROCE_IP:0 --ca
 check "benchmark smoke over RDMA (no timings asserted)" \
   timeout 300 $BIN/bench --quick --addr "$SOFTROCE_IP:0" --paths rdma,tcp-fallback,tonic-tcp
 
-# Issue 14's scale benchmark at a small count (the docs run goes to 2000:
+# The scale benchmark at a small count (the docs run goes to 2000:
 # scripts/bench-scale.sh): connections open, every call succeeds, and it
 # prints the registered bytes per connection of the server and the client;
 # then back to one connection (the control row).

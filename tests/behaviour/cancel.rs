@@ -1,7 +1,7 @@
 //! Client cancellation reaches the handler: dropping a unary future or a
 //! response stream cancels the server-side handler, also while the request
-//! stream is still open (issue 10, item 6: on TCP, hyper resets an HTTP/2
-//! stream only once both halves are gone).
+//! stream is still open (on TCP, where hyper resets an HTTP/2 stream only
+//! once both halves are gone, rpc-core resets it when the response goes).
 use rpc_examples::pb::echo::{echo_client::EchoClient, EchoRequest};
 use rpc_tests::{eventually, Fixture};
 use std::sync::atomic::Ordering;

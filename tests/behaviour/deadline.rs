@@ -62,7 +62,7 @@ rpc_tests::on_every_path!(deadline);
 
 /// A server stream whose deadline passes after the first message: the client
 /// gets DEADLINE_EXCEEDED and the handler is dropped even though the client
-/// still holds the response stream (issue 10, item 6).
+/// still holds the response stream.
 async fn stream_deadline_drops_the_handler(fx: Fixture) {
     let mut echo = EchoClient::new(fx.channel.clone());
     let mut req = tonic::Request::new(EchoRequest {
