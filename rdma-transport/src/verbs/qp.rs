@@ -3,6 +3,7 @@
 //! with work requests built on the stack, and the state changes every QP
 //! here goes through.
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 use rdma_sys::*;
@@ -193,18 +194,17 @@ impl Qp {
     /// completion covering that work request is polled.
     pub(crate) unsafe fn post_sends(&self, list: &[SendDesc]) -> Result<(), Error> {
         for batch in list.chunks(POST_BATCH) {
-            // SAFETY: ibv_sge / ibv_send_wr are plain C data (unions of
-            // PODs); all-zero is a valid value.
-            let mut sges: [ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
-            // SAFETY: as above.
-            let mut wrs: [ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+            // Only the entries this batch uses are written (an ibv_send_wr is
+            // 128 bytes: zeroing the whole array cost more than posting one).
+            let mut sges = [const { MaybeUninit::<ibv_sge>::uninit() }; POST_BATCH];
+            let mut wrs = [const { MaybeUninit::<ibv_send_wr>::uninit() }; POST_BATCH];
             let n = batch.len();
             for (i, d) in batch.iter().enumerate() {
-                sges[i] = ibv_sge {
+                sges[i].write(ibv_sge {
                     addr: d.addr,
                     length: d.len,
                     lkey: d.lkey,
-                };
+                });
                 let mut flags = 0;
                 if d.signaled {
                     flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -212,7 +212,9 @@ impl Qp {
                 if d.inline {
                     flags |= ibv_send_flags::IBV_SEND_INLINE.0;
                 }
-                let wr = &mut wrs[i];
+                // SAFETY: ibv_send_wr is plain C data (unions of PODs);
+                // all-zero is a valid value.
+                let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
                 wr.wr_id = d.wr_id;
                 wr.num_sge = if d.len == 0 { 0 } else { 1 };
                 wr.send_flags = flags;
@@ -229,12 +231,15 @@ impl Qp {
                         wr.wr.rdma = rdma_t { remote_addr, rkey };
                     }
                 }
+                wrs[i].write(wr);
             }
-            let base = wrs.as_mut_ptr();
-            let sbase = sges.as_mut_ptr();
+            let base = wrs.as_mut_ptr().cast::<ibv_send_wr>();
+            let sbase = sges.as_mut_ptr().cast::<ibv_sge>();
             for i in 0..n {
                 // SAFETY: i < n <= POST_BATCH: both pointers stay inside
-                // their arrays, which live on this frame across the call.
+                // their arrays, which live on this frame across the call,
+                // and entries 0..n were written above (MaybeUninit<T> has
+                // T's layout).
                 unsafe {
                     (*base.add(i)).sg_list = sbase.add(i);
                     if i + 1 < n {
@@ -320,21 +325,24 @@ pub(super) unsafe fn post_recv_list(
     mut post: impl FnMut(*mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> i32,
 ) -> Result<(), Error> {
     for batch in list.chunks(POST_BATCH) {
-        // SAFETY: ibv_sge / ibv_recv_wr are plain C data; zero is valid.
-        let mut sges: [ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut wrs: [ibv_recv_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+        // Only the entries this batch uses are written.
+        let mut sges = [const { MaybeUninit::<ibv_sge>::uninit() }; POST_BATCH];
+        let mut wrs = [const { MaybeUninit::<ibv_recv_wr>::uninit() }; POST_BATCH];
         let n = batch.len();
         for (i, &(wr_id, addr, length, lkey)) in batch.iter().enumerate() {
-            sges[i] = ibv_sge { addr, length, lkey };
-            wrs[i].wr_id = wr_id;
-            wrs[i].num_sge = 1;
+            sges[i].write(ibv_sge { addr, length, lkey });
+            // SAFETY: ibv_recv_wr is plain C data; zero is valid.
+            let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
+            wr.wr_id = wr_id;
+            wr.num_sge = 1;
+            wrs[i].write(wr);
         }
-        let base = wrs.as_mut_ptr();
-        let sbase = sges.as_mut_ptr();
+        let base = wrs.as_mut_ptr().cast::<ibv_recv_wr>();
+        let sbase = sges.as_mut_ptr().cast::<ibv_sge>();
         for i in 0..n {
             // SAFETY: i < n <= POST_BATCH: both pointers stay inside
-            // their arrays, which live on this frame across the call.
+            // their arrays, which live on this frame across the call, and
+            // entries 0..n were written above.
             unsafe {
                 (*base.add(i)).sg_list = sbase.add(i);
                 if i + 1 < n {
