@@ -695,13 +695,19 @@ async fn forged_immediates_close_the_connection() {
             "immediate out of round-robin order",
             "immediate with LAST and chunks to follow disagreeing",
             "immediate claims the buffer the previous chunk is still in",
+            "covering immediate covers more buffers than are granted",
+            "covering immediate is not the buffer after those it covers",
         ];
         let mut last = None;
         for (i, case) in cases.into_iter().enumerate() {
             let server = EchoServer::start(ip, static_cfg()).await;
+            // Cases 1-4: one notification per chunk (no covering
+            // notifications offered); 5-6: covering notifications.
             let (mut p, me) = raw(&server, |h| {
                 if i == 0 {
                     h.flags = 0;
+                } else if i < 5 {
+                    h.flags &= !wire::HELLO_FLAG_IMM_COVERS;
                 }
             })
             .await;
@@ -710,6 +716,11 @@ async fn forged_immediates_close_the_connection() {
                 h.flags & wire::HELLO_FLAG_WRITE_IMM,
                 0,
                 "{case}: a RoCE listener offers immediates"
+            );
+            assert_ne!(
+                h.flags & wire::HELLO_FLAG_IMM_COVERS,
+                0,
+                "{case}: and covering notifications"
             );
             let n = h.rdv_count;
             let a0 = buffer_addr(&h, 0);
@@ -746,6 +757,26 @@ async fn forged_immediates_close_the_connection() {
                         Box::new(move |v| *v == PeerMisbehaved::ImmediateMalformed { imm }),
                     )
                 }
+                5 => (
+                    wire::chunk_imm(0, n as usize, true),
+                    Box::new(move |v| {
+                        *v == PeerMisbehaved::ChunkBufferNotGranted {
+                            index: 0,
+                            expected: 0,
+                            held: n,
+                        }
+                    }),
+                ),
+                6 => (
+                    wire::chunk_imm(2, 1, true),
+                    Box::new(move |v| {
+                        *v == PeerMisbehaved::ChunkBufferNotGranted {
+                            index: 2,
+                            expected: 1,
+                            held: n,
+                        }
+                    }),
+                ),
                 _ => {
                     // An honest first chunk into buffer 0, then a second
                     // one claiming buffer 0 again while it holds the first.
@@ -780,7 +811,7 @@ async fn forged_immediates_close_the_connection() {
             drop(p);
             last = Some(server);
         }
-        last.expect("5 cases")
+        last.expect("7 cases")
             .others_still_work("forged immediates")
             .await;
     })

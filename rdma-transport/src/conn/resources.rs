@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::config::Config;
 use crate::engine::wire::{
-    Hello, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_REVOCABLE, HELLO_FLAG_WRITE_IMM, VERSION,
+    Hello, HELLO_FLAG_IMM_COVERS, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_REVOCABLE, HELLO_FLAG_WRITE_IMM,
+    VERSION,
 };
 use crate::engine::EngineConfig;
 use crate::error::Error;
@@ -245,7 +246,7 @@ pub(super) fn build_resources(
     // §5.4: offer chunk notification by WRITE with immediate data where the
     // device has it (not on iWARP).
     let mut flags = if cfg.write_with_imm && !id.is_iwarp() {
-        HELLO_FLAG_WRITE_IMM
+        HELLO_FLAG_WRITE_IMM | HELLO_FLAG_IMM_COVERS
     } else {
         0
     };
@@ -293,6 +294,8 @@ pub(super) fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> Engin
         signal_every: cfg.signal_every_eff(),
         max_inline,
         write_imm: res.hello.flags & peer.flags & HELLO_FLAG_WRITE_IMM != 0,
+        imm_covers: res.hello.flags & peer.flags & (HELLO_FLAG_WRITE_IMM | HELLO_FLAG_IMM_COVERS)
+            == HELLO_FLAG_WRITE_IMM | HELLO_FLAG_IMM_COVERS,
         zero_length_write_any_rkey: !res.iwarp,
         // §4.7: only a shared receive queue can take receives back.
         revoke_idle: res.mem.is_shared(),

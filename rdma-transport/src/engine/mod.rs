@@ -266,6 +266,9 @@ pub struct EngineConfig {
     /// Both hellos offered RDMA WRITE with immediate data (§2.1 flags,
     /// §5.4): chunks are notified by the WRITE's immediate, not a SEND.
     pub write_imm: bool,
+    /// With `write_imm`, both hellos offered covering notifications (§2.1
+    /// flags, §5.4): one immediate may notify the chunks WRITTEN before it.
+    pub imm_covers: bool,
     /// The device executes a zero-length RDMA WRITE without checking its
     /// address and rkey (InfiniBand/RoCE, IB spec C9-88): keepalives (§4.4)
     /// while no region of the peer's is held are such a WRITE, invisible to
@@ -348,6 +351,9 @@ pub struct Engine {
     staging_open: bool,
     /// A chunk was written since the last idle tick.
     staging_used: bool,
+    /// §5.4 covering notifications: chunks WRITTEN without an immediate
+    /// since the last notification of the message under way.
+    covering: u32,
     peer_rdv: PeerRdv,
     peer_rdv_addr: u64,
     peer_rdv_rkey: u32,
@@ -434,6 +440,7 @@ impl Engine {
             send_max: cfg.send_slots,
             staging_open: false,
             staging_used: false,
+            covering: 0,
             peer_rdv: if on_demand_peer {
                 PeerRdv::Absent
             } else {

@@ -165,6 +165,9 @@ impl Engine {
         bufs: &B,
     ) -> Result<(), EngineError> {
         let (idx, following, last) = wire::parse_chunk_imm(imm);
+        if self.cfg.imm_covers {
+            return self.on_covering_imm(idx, following, last, len, bufs);
+        }
         if last != (following == 0) {
             return Self::proto(PeerMisbehaved::ImmediateMalformed { imm });
         }
@@ -200,6 +203,74 @@ impl Engine {
                 total: end as u64,
                 max,
             });
+        }
+        self.land_chunk(idx, len, last, bufs);
+        Ok(())
+    }
+
+    /// §5.4 "Covering notifications": a chunk notified by immediate data
+    /// that also notifies the `covered` chunks WRITTEN before it without
+    /// one. Those are the next `covered` buffers in round-robin order, each
+    /// holding a full chunk (min of the two regions' buffers), and this one
+    /// is the buffer after them. Every check is made before any buffer is
+    /// read.
+    fn on_covering_imm<B: Buffers + ?Sized>(
+        &mut self,
+        idx: u32,
+        covered: u32,
+        last: bool,
+        len: usize,
+        bufs: &B,
+    ) -> Result<(), EngineError> {
+        if idx >= self.cfg.rdv_count {
+            return Self::proto(PeerMisbehaved::ChunkUnknownBuffer {
+                index: idx,
+                count: self.cfg.rdv_count,
+            });
+        }
+        // The covered buffers and this one all need a grant the peer holds
+        // (so none is one being consumed or not yet re-advertised), and
+        // this one must be the buffer after the covered ones.
+        // covered <= 0x7fff and rdv_expected < rdv_count <= 4096: no
+        // overflow.
+        let expected = (self.rdv_expected + covered) % self.cfg.rdv_count;
+        if covered >= self.rdv_peer_held || idx != expected {
+            return Self::proto(PeerMisbehaved::ChunkBufferNotGranted {
+                index: idx,
+                expected,
+                held: self.rdv_peer_held,
+            });
+        }
+        if len == 0 || len > self.cfg.rdv_bytes {
+            return Self::proto(PeerMisbehaved::ChunkLength {
+                len: len as u32,
+                max: self.cfg.rdv_bytes,
+            });
+        }
+        let full = self.cfg.rdv_bytes.min(self.cfg.peer.rdv_bytes as usize);
+        let max = self.cfg.max_message;
+        // covered < rdv_count <= 4096 and full <= 1 GiB: no overflow.
+        let landing = covered as usize * full + len;
+        let cap = if last { landing } else { landing + full }
+            .min(REASSEMBLY_RESERVE)
+            .min(max);
+        let r = self.reasm.get_or_insert_with(|| Reassembly {
+            buf: BytesMut::with_capacity(cap),
+            total: None,
+        });
+        if r.total.is_some() {
+            return Self::proto(PeerMisbehaved::ChunkNotificationMixed);
+        }
+        // received <= max_message: no overflow.
+        let end = r.buf.len() + landing;
+        if end > max {
+            return Self::proto(PeerMisbehaved::MessageTooLarge {
+                total: end as u64,
+                max,
+            });
+        }
+        for _ in 0..covered {
+            self.land_chunk(self.rdv_expected, full, false, bufs);
         }
         self.land_chunk(idx, len, last, bufs);
         Ok(())

@@ -310,10 +310,31 @@ impl Engine {
                     // credit) at the peer like a SEND, and is signalled so
                     // the staging buffer is released promptly. Otherwise a
                     // CHUNK SEND follows the (unsignalled) WRITE.
-                    let imm = self
-                        .cfg
-                        .write_imm
-                        .then(|| wire::chunk_imm(idx, remaining.div_ceil(self.chunk), last));
+                    if self.cfg.write_imm && self.covers_next(last) {
+                        // §5.4 "Covering notifications": the next chunk
+                        // goes out in this same pass and its immediate
+                        // notifies this one too. No credit, no completion.
+                        self.covering += 1;
+                        let wr_id = self.push_silent_record(Held::Staging(st));
+                        self.actions.push(Action::PostWrite {
+                            staging: st,
+                            len: clen,
+                            remote_addr,
+                            rkey: self.peer_rdv_rkey,
+                            wr_id,
+                            signaled: false,
+                            imm: None,
+                        });
+                        continue;
+                    }
+                    let imm = self.cfg.write_imm.then(|| {
+                        let n = if self.cfg.imm_covers {
+                            std::mem::take(&mut self.covering) as usize
+                        } else {
+                            remaining.div_ceil(self.chunk)
+                        };
+                        wire::chunk_imm(idx, n, last)
+                    });
                     let (wr_id, signaled) =
                         self.push_record(Some(Held::Staging(st)), imm.is_some());
                     self.actions.push(Action::PostWrite {
@@ -342,7 +363,42 @@ impl Engine {
                 }
             }
         }
+        debug_assert_eq!(
+            self.covering, 0,
+            "a chunk WRITTEN without a notification is covered in the same pass"
+        );
         Ok(())
+    }
+
+    /// §5.4 "Covering notifications": whether the chunk being posted (its
+    /// peer buffer and staging buffer already taken) can go without an
+    /// immediate, because the next chunk of the message can certainly be
+    /// posted right after it and will notify both. Only where both hellos
+    /// offered it and every chunk but the last is the full size the
+    /// receiver assumes for a covered chunk, min of the two regions'
+    /// buffers.
+    #[inline]
+    fn covers_next(&self, last: bool) -> bool {
+        self.cfg.imm_covers
+            && !last
+            && self.chunk == self.cfg.rdv_bytes.min(self.cfg.peer.rdv_bytes as usize)
+            && self.peer_rdv_avail > 0
+            && !self.free_staging.is_empty()
+            // The next turn's data_room(), with this WRITE on the SQ.
+            && self.credits >= 2
+            && self.free_send.len() >= 2
+            && self.sq_room(4)
+    }
+
+    /// Records a chunk WRITE that is never signalled itself (§5.4 covering
+    /// notifications): the signalled notification posted right after it in
+    /// the same pass covers its completion (§7), so it does not count
+    /// towards `signal_every`.
+    fn push_silent_record(&mut self, held: Held) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.records.push_back((seq, Some(held)));
+        sq_wr_id(seq)
     }
 
     /// §4.4: the keepalive asked for by [`keepalive`](Self::keepalive).

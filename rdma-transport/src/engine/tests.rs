@@ -127,6 +127,8 @@ struct P {
     inline: usize,
     /// Offers RDMA WRITE with immediate data (§5.4).
     imm: bool,
+    /// With `imm`, offers covering notifications (§5.4).
+    covers: bool,
     /// Memory on demand (§4.6, §5.5), with rings starting at `initial`.
     on_demand: bool,
     initial: u32,
@@ -147,6 +149,7 @@ impl P {
             signal_every: 3,
             inline: 64,
             imm: false,
+            covers: true,
             on_demand: false,
             initial: 8,
             zero_write: true,
@@ -171,7 +174,9 @@ impl P {
     fn hello(&self) -> Hello {
         Hello {
             version: VERSION,
-            flags: if self.imm {
+            flags: if self.imm && self.covers {
+                wire::HELLO_FLAG_WRITE_IMM | wire::HELLO_FLAG_IMM_COVERS
+            } else if self.imm {
                 wire::HELLO_FLAG_WRITE_IMM
             } else {
                 0
@@ -229,6 +234,7 @@ impl P {
             signal_every: self.signal_every,
             max_inline: self.inline,
             write_imm: self.imm && peer.imm,
+            imm_covers: self.imm && peer.imm && self.covers && peer.covers,
             zero_length_write_any_rkey: self.zero_write,
             revoke_idle: self.revoke,
             peer: peer.hello(),
@@ -270,6 +276,9 @@ struct Side {
     /// does.
     srq: bool,
     srq_data: VecDeque<Option<Vec<u8>>>,
+    /// WRITEs with immediate data this side received (§5.4): its
+    /// receive-side notifications for rendezvous chunks.
+    imm_notes: u64,
 }
 
 /// wr_id tag of a completion from the emulated shared receive queue.
@@ -287,6 +296,7 @@ impl Side {
             closed: false,
             srq: me.revoke,
             srq_data: VecDeque::new(),
+            imm_notes: 0,
         };
         s.run_actions();
         s
@@ -459,6 +469,7 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             assert!(off + len <= to.mem.rdv.len(), "WRITE out of bounds");
             let src = from.mem.staging(staging)[..len].to_vec();
             to.mem.rdv[off..off + len].copy_from_slice(&src);
+            to.imm_notes += u64::from(imm.is_some());
             if let (Some(v), true) = (imm, to.srq) {
                 assert!(
                     to.posted.len() > to.srq_data.len(),
@@ -1894,10 +1905,22 @@ fn gather_parts_cross_chunk_boundaries() {
     }
 }
 
+/// A receiver of chunks notified one by one by immediates (§5.4, without
+/// covering notifications).
 fn imm_receiver() -> (Engine, Mem, P) {
     let mut p = P::small();
     p.imm = true;
+    p.covers = false;
     let e = p.engine(&p);
+    (e, p.mem(), p)
+}
+
+/// A receiver of covering notifications (§5.4): 3 buffers of 4096 bytes.
+fn covering_receiver() -> (Engine, Mem, P) {
+    let mut p = P::small();
+    p.imm = true;
+    let e = p.engine(&p);
+    assert!(e.config().imm_covers);
     (e, p.mem(), p)
 }
 
@@ -2050,6 +2073,162 @@ fn forged_immediates_rejected() {
     m.rdv[..3].copy_from_slice(b"abc");
     inject_imm(&mut e, &mut m, 0, Imm::Write(chunk_imm(0, 0, true)), 3).unwrap();
     assert!(matches!(e.next_event(), Some(Event::Message(b)) if &b[..] == b"abc"));
+}
+
+/// §5.4 "Covering notifications": forged covering immediates each close
+/// the connection with their own violation before any buffer is read; a
+/// valid one delivers the covered buffers' full chunks and its own bytes.
+#[test]
+fn forged_covering_immediates_rejected() {
+    use wire::chunk_imm;
+    use PeerMisbehaved as V;
+    // Covering more buffers than the peer holds grants for (3).
+    let (mut e, mut m, _) = covering_receiver();
+    assert_eq!(
+        violation(inject_imm(
+            &mut e,
+            &mut m,
+            0,
+            Imm::Write(chunk_imm(0, 3, true)),
+            10
+        )),
+        V::ChunkBufferNotGranted {
+            index: 0,
+            expected: 0,
+            held: 3
+        }
+    );
+    // Not the buffer right after the covered ones.
+    let (mut e, mut m, _) = covering_receiver();
+    assert_eq!(
+        violation(inject_imm(
+            &mut e,
+            &mut m,
+            0,
+            Imm::Write(chunk_imm(2, 1, true)),
+            10
+        )),
+        V::ChunkBufferNotGranted {
+            index: 2,
+            expected: 1,
+            held: 3
+        }
+    );
+    // Outside the region.
+    let (mut e, mut m, _) = covering_receiver();
+    assert_eq!(
+        violation(inject_imm(
+            &mut e,
+            &mut m,
+            0,
+            Imm::Write(chunk_imm(3, 0, true)),
+            10
+        )),
+        V::ChunkUnknownBuffer { index: 3, count: 3 }
+    );
+    // Zero bytes, or more than a buffer.
+    for len in [0, 4097] {
+        let (mut e, mut m, _) = covering_receiver();
+        assert_eq!(
+            violation(inject_imm(
+                &mut e,
+                &mut m,
+                0,
+                Imm::Write(chunk_imm(1, 1, true)),
+                len
+            )),
+            V::ChunkLength { len, max: 4096 }
+        );
+    }
+    // After two covered buffers were consumed (held 1), covering one more
+    // than is held is refused even though the index is in order.
+    let (mut e, mut m, _) = covering_receiver();
+    inject_imm(&mut e, &mut m, 0, Imm::Write(chunk_imm(1, 1, false)), 4096).unwrap();
+    assert_eq!(
+        violation(inject_imm(
+            &mut e,
+            &mut m,
+            1,
+            Imm::Write(chunk_imm(0, 1, true)),
+            10
+        )),
+        V::ChunkBufferNotGranted {
+            index: 0,
+            expected: 0,
+            held: 1
+        }
+    );
+    // A SEND-notified chunk inside a message notified by immediates.
+    let (mut e, mut m, _) = covering_receiver();
+    inject_imm(&mut e, &mut m, 0, Imm::Write(chunk_imm(1, 1, false)), 4096).unwrap();
+    assert_eq!(
+        violation(inject(&mut e, &mut m, 1, 0, chunk(2, 10, 8202, true), &[])),
+        V::ChunkNotificationMixed
+    );
+    // Valid: buffers 0 and 1 covered (full chunks), buffer 2 notifies 10
+    // bytes and LAST: one message of 4096 + 4096 + 10 bytes, in order.
+    let (mut e, mut m, _) = covering_receiver();
+    for (i, b) in m.rdv.iter_mut().enumerate() {
+        *b = (i / 4096) as u8 + 1;
+    }
+    inject_imm(&mut e, &mut m, 0, Imm::Write(chunk_imm(2, 2, true)), 10).unwrap();
+    match e.next_event() {
+        Some(Event::Message(b)) => {
+            assert_eq!(b.len(), 2 * 4096 + 10);
+            assert!(b[..4096].iter().all(|&x| x == 1));
+            assert!(b[4096..8192].iter().all(|&x| x == 2));
+            assert!(b[8192..].iter().all(|&x| x == 3));
+        }
+        other => panic!("expected the message, got {other:?}"),
+    }
+}
+
+/// §5.4 "Covering notifications": a message whose chunks fit the peer's
+/// grants costs the receiver one notification; a longer one, one per
+/// round of grants at most; without covering, one per chunk. Every byte
+/// arrives, and random interleavings keep the credit accounting
+/// (`run_pair`) with gathers included.
+#[test]
+fn covering_notifications_one_per_message() {
+    let mut p = P::small();
+    p.imm = true;
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    for (id, chunks) in [(1u64, 3usize), (2, 3), (3, 2), (4, 7)] {
+        let before = b.imm_notes;
+        let writes = a.e.counters.rdv_writes;
+        let m = pattern(id, chunks * 4096 - 5);
+        a.e.submit(m.clone());
+        pump(&mut a, &mut b);
+        assert_eq!(b.got.pop(), Some(m), "message {id} intact");
+        assert_eq!(a.e.counters.rdv_writes - writes, chunks as u64);
+        let notes = b.imm_notes - before;
+        if chunks <= 3 {
+            assert_eq!(
+                notes, 1,
+                "{chunks} chunks within 3 grants: one notification"
+            );
+        } else {
+            assert!(
+                (chunks.div_ceil(3) as u64..chunks as u64).contains(&notes),
+                "{chunks} chunks over 3 grants: {notes} notifications"
+            );
+        }
+    }
+    let msgs = vec![5, 4097, 3 * 4096, 3 * 4096 + 1, 20_000, 100];
+    for seed in 1..6 {
+        let (a, b) = run_pair(p, p, &msgs, &msgs, seed);
+        assert!(a.e.config().imm_covers && b.e.config().imm_covers);
+        assert!(b.imm_notes < a.e.counters.rdv_writes, "seed {seed}");
+    }
+    // Per chunk without covering; not negotiated if one side does not offer.
+    let mut q = p;
+    q.covers = false;
+    let (a, b) = run_pair(q, q, &msgs, &msgs, 3);
+    assert_eq!(b.imm_notes, a.e.counters.rdv_writes);
+    let (c, d) = run_pair(p, q, &msgs, &msgs, 3);
+    assert!(!c.e.config().imm_covers && !d.e.config().imm_covers);
+    assert_eq!(d.imm_notes, c.e.counters.rdv_writes);
 }
 
 /// §7, §4.6: a send ring that starts small still frees slots for a

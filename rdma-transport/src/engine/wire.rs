@@ -112,11 +112,17 @@ pub const HELLO_FLAG_REVOCABLE: u16 = 4;
 /// sets it, [`Hello::decode_with_ticket`] consumes it, and a decoded
 /// [`Hello`]'s `flags` never hold it.
 pub const HELLO_FLAG_TICKET: u16 = 8;
+/// Hello flag bit, with [`HELLO_FLAG_WRITE_IMM`]: the sender accepts a
+/// chunk notification by immediate data that covers the chunks WRITTEN
+/// before it without one (§5.4, "Covering notifications"), and sends them
+/// that way if the peer does too: a message whose chunks fit the peer's
+/// grants costs the receiver one completion, not one per chunk.
+pub const HELLO_FLAG_IMM_COVERS: u16 = 16;
 /// Every flag a [`Hello`]'s `flags` may hold; [`Hello::validate`] refuses
 /// any other bit. On the wire [`HELLO_FLAG_TICKET`] is known too
 /// ([`HELLO_WIRE_FLAGS_KNOWN`]).
 pub const HELLO_FLAGS_KNOWN: u16 =
-    HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND | HELLO_FLAG_REVOCABLE;
+    HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND | HELLO_FLAG_REVOCABLE | HELLO_FLAG_IMM_COVERS;
 /// Every flag bit a hello blob may carry (§2.1); any other bit is refused.
 pub const HELLO_WIRE_FLAGS_KNOWN: u16 = HELLO_FLAGS_KNOWN | HELLO_FLAG_TICKET;
 
@@ -127,7 +133,10 @@ pub const IMM_FOLLOWING_MAX: u32 = 0x7fff;
 
 /// Immediate data of a chunk WRITE (§5.4): bits 0–15 the rendezvous buffer
 /// index, bits 16–30 how many chunks of the message follow (a sizing hint,
-/// saturating at [`IMM_FOLLOWING_MAX`]), bit 31 LAST. `index` is below
+/// saturating at [`IMM_FOLLOWING_MAX`]), bit 31 LAST. With
+/// [`HELLO_FLAG_IMM_COVERS`] negotiated, bits 16–30 instead count the
+/// chunks WRITTEN before this one without a notification, which this one
+/// covers (at most the peer's grants, below 4096). `index` is below
 /// `MAX_RDV_COUNT` (4096), so it fits.
 pub fn chunk_imm(index: u32, following: usize, last: bool) -> u32 {
     let following = following.min(IMM_FOLLOWING_MAX as usize) as u32;
@@ -491,8 +500,8 @@ mod tests {
         };
         type Case = (fn(&mut Hello), PeerMisbehaved);
         let cases: [Case; 10] = [
-            (|h| h.flags = 16, range("flags", 16, 0, 15)),
-            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 15)),
+            (|h| h.flags = 32, range("flags", 32, 0, 31)),
+            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 31)),
             (|h| h.credits = 3, range("credits", 3, 4, 4096)),
             (|h| h.credits = 4097, range("credits", 4097, 4, 4096)),
             (
@@ -609,7 +618,7 @@ mod tests {
                 field: "flags",
                 value: 8,
                 min: 0,
-                max: 7
+                max: 23
             })
         );
         // Other unknown bits are refused next to the ticket flag too.
