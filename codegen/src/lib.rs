@@ -38,6 +38,28 @@
 //! [`compile_with_options`] and [`Options`] name rpc-core by another path (a
 //! renamed dependency, a re-export) or keep tonic's transport `connect` instead.
 //!
+//! # Large payloads
+//!
+//! Generated clients and servers use `rpc_core::codec::ProstCodec`
+//! ([`Options::lean_codec`]): tonic-prost's codec, except that a message is
+//! encoded into one buffer of its encoded length instead of a buffer that
+//! doubles from 8 KiB (a 1 MiB message: one 1 MiB allocation, not eight
+//! reallocations ending at 2 MiB). For payload fields, declare `bytes` and
+//! ask prost for [`bytes::Bytes`](https://docs.rs/bytes) instead of
+//! `Vec<u8>`: the decoded field is then a slice of the received buffer, not
+//! a copy of it.
+//!
+//! ```no_run
+//! // build.rs: fn main() {
+//! rpc_codegen::compile_with(
+//!     rpc_codegen::configure().bytes("."), // every `bytes` field as `Bytes`
+//!     &["proto/blobs.proto"],
+//!     &["proto"],
+//! )
+//! .unwrap();
+//! // }
+//! ```
+//!
 //! # Options
 //!
 //! Options go through tonic-prost-build's [`Builder`](tonic_prost_build::Builder),
@@ -149,6 +171,14 @@ pub struct Options {
     /// default: tonic's `connect` on `Client<tonic::transport::Channel>`, which
     /// always uses tonic's TCP transport, never RDMA).
     pub rdma_connect: bool,
+    /// `true` (the default): generated clients and servers use
+    /// `rpc_core::codec::ProstCodec`, tonic-prost's codec with an encoder
+    /// that reserves each message's encoded length first (a large message
+    /// is encoded into one allocation, not a buffer doubling from 8 KiB).
+    /// The bytes on the wire are the same. Applies only while the builder's
+    /// `codec_path` is tonic-prost-build's default; `false` keeps that
+    /// default.
+    pub lean_codec: bool,
 }
 
 impl Default for Options {
@@ -156,6 +186,7 @@ impl Default for Options {
         Options {
             rpc_core_path: "::rpc_core".to_string(),
             rdma_connect: true,
+            lean_codec: true,
         }
     }
 }
@@ -170,6 +201,12 @@ impl Options {
     /// Sets [`rdma_connect`](Options::rdma_connect).
     pub fn rdma_connect(mut self, enable: bool) -> Self {
         self.rdma_connect = enable;
+        self
+    }
+
+    /// Sets [`lean_codec`](Options::lean_codec).
+    pub fn lean_codec(mut self, enable: bool) -> Self {
+        self.lean_codec = enable;
         self
     }
 }
@@ -216,10 +253,15 @@ pub fn compile_with_options(
     protos: &[impl AsRef<Path>],
     includes: &[impl AsRef<Path>],
 ) -> Result<(), Error> {
-    if options.rdma_connect {
+    if options.rdma_connect || options.lean_codec {
         check_crate_path(&options.rpc_core_path)?;
     }
     let settings = BuilderSettings::read(&builder)?;
+    let builder = if options.lean_codec && settings.default_codec {
+        builder.codec_path(format!("{}::codec::ProstCodec", options.rpc_core_path))
+    } else {
+        builder
+    };
     // protox::compile keeps imports and source info.
     let fds = protox::compile(protos, includes)?;
     if let Some(path) = &settings.file_descriptor_set_path {
@@ -311,6 +353,8 @@ struct BuilderSettings {
     build_client: bool,
     file_descriptor_set_path: Option<PathBuf>,
     out_dir: Option<PathBuf>,
+    /// `codec_path` is tonic-prost-build's default (`tonic_prost::ProstCodec`).
+    default_codec: bool,
 }
 
 impl BuilderSettings {
@@ -334,6 +378,7 @@ impl BuilderSettings {
                 build_client: fields.bool("build_client")?,
                 file_descriptor_set_path: fields.path("file_descriptor_set_path")?,
                 out_dir: fields.path("out_dir")?,
+                default_codec: dbg.contains("codec_path: \"tonic_prost::ProstCodec\""),
             })
         })();
         settings.map_err(|what: String| {
@@ -770,6 +815,7 @@ mod tests {
                 build_client: true,
                 file_descriptor_set_path: None,
                 out_dir: None,
+                default_codec: true,
             }
         );
         // A path that looks like the next field does not pass for it.
@@ -784,8 +830,49 @@ mod tests {
                 build_client: false,
                 file_descriptor_set_path: Some(tricky),
                 out_dir: Some(PathBuf::from("/z \"q\"")),
+                default_codec: true,
             }
         );
+        // A codec of the user's own is kept.
+        let own = configure().codec_path("crate::MyCodec");
+        assert!(!BuilderSettings::read(&own).unwrap().default_codec);
+    }
+
+    #[test]
+    fn generated_code_uses_the_lean_codec_unless_told_otherwise() {
+        let root = proto_root();
+        for (options, builder, want) in [
+            (Options::default(), configure(), "::rpc_core::codec::ProstCodec"),
+            (
+                Options::default().rpc_core_path("::core_rpc"),
+                configure(),
+                "::core_rpc::codec::ProstCodec",
+            ),
+            (
+                Options::default().lean_codec(false),
+                configure(),
+                "tonic_prost::ProstCodec",
+            ),
+            (
+                Options::default(),
+                configure().codec_path("crate::MyCodec"),
+                "crate::MyCodec",
+            ),
+        ] {
+            let dir = temp_dir("codec");
+            compile_with_options(
+                builder.out_dir(&dir),
+                options.clone(),
+                &[root.join("helloworld.proto")],
+                &[&root],
+            )
+            .unwrap();
+            let code = std::fs::read_to_string(dir.join("helloworld.rs")).unwrap();
+            assert!(
+                code.contains(&format!("{want}::default()")),
+                "{options:?}: expected {want} in the generated code"
+            );
+        }
     }
 
     #[test]
@@ -872,7 +959,7 @@ mod tests {
         let dir = generate(
             "noclient",
             configure().build_client(false),
-            Options::default(),
+            Options::default().lean_codec(false),
         )
         .unwrap();
         let code = read(&dir, "helloworld.rs");
@@ -887,7 +974,7 @@ mod tests {
         let dir = generate(
             "tonicconnect",
             configure(),
-            Options::default().rdma_connect(false),
+            Options::default().rdma_connect(false).lean_codec(false),
         )
         .unwrap();
         let code = read(&dir, "helloworld.rs");

@@ -28,6 +28,7 @@
 //! | module | owns |
 //! |---|---|
 //! | `arena` | the per-thread buffer outgoing frames are carved from |
+//! | [`codec`] | the protobuf codec generated code uses (tonic-prost's, encoding into one allocation) |
 //! | `info` | what the API reports: [`Transport`], [`TransportKind`], [`TransportInfo`], [`FallbackReason`], [`ConnInfo`] |
 //! | `error` | [`Error`], and the boxed error and error-chain text shared below |
 //! | [`conn`] | the message-connection trait, and the in-memory connection |
@@ -41,6 +42,7 @@
 
 mod arena;
 mod client;
+pub mod codec;
 pub mod conn;
 mod error;
 mod info;
