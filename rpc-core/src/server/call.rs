@@ -3,10 +3,10 @@
 //! and TLS identity), the service or the user's layers, the deadline, and
 //! the response frames back to the peer, whatever happens to the handler.
 
-use super::dispatch::Direct;
 use super::layers::HttpService;
+use crate::error::BoxError;
 use crate::protocol::body::RecvBody;
-use crate::protocol::session::{OpenCall, Shared};
+use crate::protocol::session::{CallFuture, OpenCall, Shared};
 use crate::protocol::{frame, timeout};
 use crate::ConnInfo;
 use http_body_util::BodyExt;
@@ -16,32 +16,35 @@ use tonic::service::Routes;
 use tonic::{Code, Status};
 use tower::{Service, ServiceExt};
 
-/// What serves the calls of message connections: the routes, or the routes
-/// inside the user's layers.
+/// What a message connection's call is handed to: the service's future and
+/// the response it ends with, in whatever body type the service answers.
+pub(crate) trait CallSvc: Send + 'static {
+    /// The response body.
+    type Body: http_body::Body<Data = bytes::Bytes, Error: Into<BoxError> + Send>
+        + Unpin
+        + Send
+        + 'static;
+    /// Calls the service (after its `poll_ready`).
+    fn call(
+        &mut self,
+        req: http::Request<Body>,
+    ) -> impl std::future::Future<Output = http::Response<Self::Body>> + Send;
+}
+
+/// What serves the calls of message connections that are not dispatched by
+/// service name (`dispatch`): the routes, or the routes inside the user's layers.
 #[derive(Clone)]
 pub(crate) enum CallService {
-    /// No layers: a service added by name is called directly (`dispatch`),
-    /// anything else goes through the router.
-    Routes {
-        routes: Routes,
-        direct: Direct,
-    },
+    Routes(Routes),
     Layered(HttpService),
 }
 
-impl CallService {
+impl CallSvc for CallService {
+    type Body = Body;
+
     async fn call(&mut self, req: http::Request<Body>) -> http::Response<Body> {
         match self {
-            CallService::Routes { direct, routes } => {
-                if let Some(mut svc) = direct.get(req.uri().path()) {
-                    return match svc.ready().await {
-                        Ok(svc) => match svc.call(req).await {
-                            Ok(r) => r,
-                            Err(never) => match never {},
-                        },
-                        Err(never) => match never {},
-                    };
-                }
+            CallService::Routes(routes) => {
                 match ServiceExt::<http::Request<Body>>::ready(routes).await {
                     Ok(svc) => match svc.call(req).await {
                         Ok(r) => r,
@@ -62,8 +65,25 @@ impl CallService {
     }
 }
 
+/// Starts `handle_call` as the session runs calls: boxed once, in the
+/// call's span if the server has a `trace_fn`.
+pub(crate) fn start_call<S: CallSvc>(
+    svc: S,
+    shared: Arc<Shared>,
+    call: OpenCall,
+    span: Option<tracing::Span>,
+) -> CallFuture {
+    match span {
+        None => Box::pin(handle_call(svc, shared, call)),
+        Some(span) => {
+            use tracing::Instrument;
+            Box::pin(handle_call(svc, shared, call).instrument(span))
+        }
+    }
+}
+
 /// Runs one call: the service, its deadline, and the response back to the peer.
-pub(crate) async fn handle_call(mut routes: CallService, shared: Arc<Shared>, call: OpenCall) {
+async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall) {
     let OpenCall {
         stream,
         path,
@@ -108,7 +128,7 @@ pub(crate) async fn handle_call(mut routes: CallService, shared: Arc<Shared>, ca
     insert_conn_info(req.extensions_mut(), &shared.info);
 
     let work = async {
-        let resp = routes.call(req).await;
+        let resp = svc.call(req).await;
         let (parts, mut body) = resp.into_parts();
         let mut headers = parts.headers;
         headers.remove(http::header::CONTENT_LENGTH);
@@ -139,8 +159,10 @@ pub(crate) async fn handle_call(mut routes: CallService, shared: Arc<Shared>, ca
                         }
                     }
                 },
-                Some(Err(status)) => {
-                    send_status(&shared, stream, status);
+                // As tonic's `Body::new` maps a body's error (the status
+                // itself, or the one in its source chain).
+                Some(Err(e)) => {
+                    send_status(&shared, stream, Status::from_error(e.into()));
                     return;
                 }
                 None => {

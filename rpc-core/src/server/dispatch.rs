@@ -18,16 +18,72 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use tonic::body::Body;
-use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceExt};
 
-/// One service, its response already in tonic's body type.
-pub(crate) type DirectService =
-    BoxCloneSyncService<http::Request<Body>, http::Response<Body>, Infallible>;
+use super::call::{start_call, CallSvc};
+use crate::protocol::session::{CallFuture, OpenCall, Shared};
+
+/// Starts the calls of one service added by name.
+///
+/// Each call's future is built for the service's own type: the service is
+/// cloned (tonic's generated services clone an `Arc`), called in place, and
+/// its response read in the body it comes in, so the call's one box is the
+/// session's ([`CallFuture`]): no boxed service, no boxed service future, no
+/// second body wrapper per call.
+pub(crate) trait StartCall: Send + Sync {
+    fn start(&self, shared: Arc<Shared>, call: OpenCall, span: Option<tracing::Span>)
+        -> CallFuture;
+}
+
+/// A service added with `add_service`, as a [`StartCall`].
+struct Named<S>(S);
+
+impl<S> StartCall for Named<S>
+where
+    S: Service<http::Request<Body>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Response: axum::response::IntoResponse,
+    S::Future: Send + 'static,
+{
+    fn start(
+        &self,
+        shared: Arc<Shared>,
+        call: OpenCall,
+        span: Option<tracing::Span>,
+    ) -> CallFuture {
+        start_call(ByName(self.0.clone()), shared, call, span)
+    }
+}
+
+/// One call's copy of a service added by name.
+struct ByName<S>(S);
+
+impl<S> CallSvc for ByName<S>
+where
+    S: Service<http::Request<Body>, Error = Infallible> + Clone + Send + Sync + 'static,
+    S::Response: axum::response::IntoResponse,
+    S::Future: Send + 'static,
+{
+    type Body = axum::body::Body;
+
+    /// The conversion tonic's router makes (`IntoResponse`), so a handler's
+    /// response reaches the call exactly as it does through the router; the
+    /// router's further wrapping in tonic's body type only boxes it again.
+    async fn call(&mut self, req: http::Request<Body>) -> http::Response<axum::body::Body> {
+        let svc = match self.0.ready().await {
+            Ok(svc) => svc,
+            Err(never) => match never {},
+        };
+        match svc.call(req).await {
+            Ok(r) => axum::response::IntoResponse::into_response(r),
+            Err(never) => match never {},
+        }
+    }
+}
 
 /// The services added with `add_service`, by [`NamedService::NAME`](tonic::server::NamedService::NAME).
 #[derive(Clone, Default)]
 pub(crate) struct Direct {
-    by_name: Arc<HashMap<&'static str, DirectService>>,
+    by_name: Arc<HashMap<&'static str, Arc<dyn StartCall>>>,
 }
 
 impl std::fmt::Debug for Direct {
@@ -40,14 +96,19 @@ impl Direct {
     /// Adds `svc` under `name` (its [`NamedService::NAME`](tonic::server::NamedService::NAME)). The caller
     /// adds the same service to the router, which refuses (panics on) a
     /// second service of one name, so the two never disagree.
-    pub(crate) fn add(&mut self, name: &'static str, svc: DirectService) {
-        Arc::make_mut(&mut self.by_name).insert(name, svc);
+    pub(crate) fn add<S>(&mut self, name: &'static str, svc: S)
+    where
+        S: Service<http::Request<Body>, Error = Infallible> + Clone + Send + Sync + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        Arc::make_mut(&mut self.by_name).insert(name, Arc::new(Named(svc)));
     }
 
     /// The service a call to `path` (`/package.Service/Method`) goes to, if
     /// it was added by name; `None` sends the call through the router
     /// (unknown service → UNIMPLEMENTED there, as before).
-    pub(crate) fn get(&self, path: &str) -> Option<DirectService> {
+    pub(crate) fn get(&self, path: &str) -> Option<&dyn StartCall> {
         if self.by_name.is_empty() {
             return None;
         }
@@ -55,7 +116,7 @@ impl Direct {
         if method.is_empty() {
             return None;
         }
-        self.by_name.get(name).cloned()
+        self.by_name.get(name).map(|s| &**s)
     }
 }
 
@@ -64,7 +125,6 @@ mod tests {
     use super::*;
     use std::task::{Context, Poll};
     use tonic::server::NamedService;
-    use tower::{Service, ServiceExt};
 
     #[derive(Clone)]
     struct Named(&'static str);
@@ -92,16 +152,14 @@ mod tests {
     async fn finds_a_service_by_the_name_in_the_path_only() {
         let mut d = Direct::default();
         assert!(d.get("/pkg.Svc/Method").is_none(), "nothing added yet");
-        d.add(Named::NAME, BoxCloneSyncService::new(Named("first")));
-        let mut svc = d.get("/pkg.Svc/Method").expect("by name");
-        let r = svc
-            .ready()
-            .await
-            .unwrap()
-            .call(http::Request::new(Body::empty()))
-            .await
-            .unwrap();
-        assert_eq!(r.headers()["x-served-by"], "first");
+        d.add(Named::NAME, Named("first"));
+        d.add("pkg.Second", Named("second"));
+        let is = |p: &str, name: &str| {
+            d.get(p)
+                .is_some_and(|s| std::ptr::addr_eq(s, &*d.by_name[name]))
+        };
+        assert!(is("/pkg.Svc/Method", "pkg.Svc"));
+        assert!(is("/pkg.Second/Method", "pkg.Second"));
         // Anything that is not `/NAME/method` goes to the router.
         for p in [
             "/pkg.Other/Method",
@@ -114,5 +172,13 @@ mod tests {
         ] {
             assert!(d.get(p).is_none(), "{p:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_call_by_name_gets_the_services_response() {
+        let r = ByName(Named("first"))
+            .call(http::Request::new(Body::empty()))
+            .await;
+        assert_eq!(r.headers()["x-served-by"], "first");
     }
 }

@@ -4,15 +4,13 @@
 //! RDMA accept loop, the sessions of message connections (for graceful
 //! shutdown and `max_connection_age`), and the in-memory server.
 
-use super::call::{call_head, handle_call, CallService};
+use super::call::{call_head, start_call, CallService};
 use super::dispatch::Direct;
 use super::layers::{DefaultTimeoutLayer, DynLayer, HttpService};
 use super::{rdma, Server};
 use crate::conn::{self, Connection};
 use crate::error::BoxError;
-use crate::protocol::session::{
-    self, track_session, Acceptor, CallFuture, OpenCall, Sessions, Shared,
-};
+use crate::protocol::session::{self, track_session, Acceptor, OpenCall, Sessions, Shared};
 use crate::transport::ticket::TicketStore;
 use crate::{Channel, ConnInfo, Error, SessionConfig, TransportKind};
 use std::convert::Infallible;
@@ -24,7 +22,6 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tonic::service::Routes;
 use tonic::Status;
-use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
 /// A [`Server`] with its services, ready to serve.
@@ -50,13 +47,7 @@ impl Router {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        // The same conversion tonic's router makes (`IntoResponse`, then
-        // tonic's body), so a handler's response reaches the call exactly as
-        // it does through the router.
-        let direct = svc
-            .clone()
-            .map_response(|r| axum::response::IntoResponse::into_response(r).map(Body::new));
-        self.direct.add(S::NAME, BoxCloneSyncService::new(direct));
+        self.direct.add(S::NAME, svc.clone());
         self.routes = self.routes.add_service(svc);
         self
     }
@@ -433,11 +424,14 @@ impl Router {
     }
 
     fn acceptor(&self) -> Acceptor {
+        // Without layers, a service added by name is called directly
+        // (`dispatch`); anything else goes through the router.
+        let direct = match &self.server.layers {
+            None => self.direct.clone(),
+            Some(_) => Direct::default(),
+        };
         let svc = match &self.server.layers {
-            None => CallService::Routes {
-                routes: self.routes.clone(),
-                direct: self.direct.clone(),
-            },
+            None => CallService::Routes(self.routes.clone()),
             Some(layers) => CallService::Layered(layers(HttpService::new(ServiceExt::<
                 http::Request<Body>,
             >::map_err(
@@ -449,21 +443,17 @@ impl Router {
         let trace = self.server.trace.clone();
         Acceptor {
             accept: Arc::new(move |shared: Arc<Shared>, mut call: OpenCall| {
-                let svc = svc.clone();
                 if let Some(t) = default_timeout {
                     call.timeout = Some(call.timeout.map_or(t, |c| c.min(t)));
                 }
                 // Started by the session (`session::opened`): in place or
-                // as its own task. Boxed once here, so that neither moves
-                // the whole call state (`tokio::spawn` of the bare future
-                // copied it three times, ~2 k instructions per call).
-                match &trace {
-                    None => Box::pin(handle_call(svc, shared, call)) as CallFuture,
-                    Some(f) => {
-                        use tracing::Instrument;
-                        let span = f(&call_head(&call));
-                        Box::pin(handle_call(svc, shared, call).instrument(span)) as CallFuture
-                    }
+                // as its own task. Boxed once (`start_call`), so that neither
+                // moves the whole call state (`tokio::spawn` of the bare
+                // future copied it three times, ~2 k instructions per call).
+                let span = trace.as_ref().map(|f| f(&call_head(&call)));
+                match direct.get(&call.path) {
+                    Some(named) => named.start(shared, call, span),
+                    None => start_call(svc.clone(), shared, call, span),
                 }
             }),
             on_misbehaved: self.server.on_misbehaved.clone(),
