@@ -134,6 +134,40 @@ fn is_transport_header(name: &http::HeaderName) -> bool {
     )
 }
 
+/// The request body's frames that were ready when the call started: a
+/// unary request's one message without a `Vec` of its own.
+#[derive(Default)]
+struct ReadyData {
+    first: Option<Bytes>,
+    more: Vec<Bytes>,
+}
+
+impl ReadyData {
+    fn push(&mut self, d: Bytes) {
+        if self.first.is_none() {
+            self.first = Some(d);
+        } else {
+            self.more.push(d);
+        }
+    }
+
+    fn len(&self) -> usize {
+        usize::from(self.first.is_some()) + self.more.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+}
+
+impl IntoIterator for ReadyData {
+    type Item = Bytes;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<Bytes>, std::vec::IntoIter<Bytes>>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.first.into_iter().chain(self.more)
+    }
+}
+
 pub(super) async fn msg_call(
     chan: Arc<MsgChannel>,
     slot: Option<Slot>,
@@ -183,7 +217,7 @@ pub(super) async fn msg_call(
         // Take what the request body has ready now: a unary request is one
         // message and then the end, so it needs no pump task, and OPEN plus its
         // DATA(END_STREAM) leave together (one BATCH message, §1.7).
-        let mut ready: Vec<Bytes> = Vec::new();
+        let mut ready = ReadyData::default();
         let mut end = http_body::Body::is_end_stream(&body);
         while !end && ready.len() < 8 {
             match body.frame().now_or_never() {
