@@ -147,9 +147,28 @@ pub struct Hello {
     pub connection_window: u32,
 }
 
-/// A decoded frame.
+/// How a decoded OPEN holds its method path: a `String` ([`decode`]), or
+/// the frame's own bytes (the session's decoder, no copy).
+pub trait MethodPath: Sized {
+    /// `b` is UTF-8 and starts with `/` (checked by the decoder).
+    fn from_checked(b: Bytes) -> Self;
+}
+
+impl MethodPath for String {
+    fn from_checked(b: Bytes) -> String {
+        String::from_utf8_lossy(&b).into_owned()
+    }
+}
+
+impl MethodPath for Bytes {
+    fn from_checked(b: Bytes) -> Bytes {
+        b
+    }
+}
+
+/// A decoded frame; `P` holds OPEN's method path (see [`MethodPath`]).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Frame {
+pub enum Frame<P = String> {
     /// §1.1
     Hello(Hello),
     /// §1.3
@@ -157,7 +176,7 @@ pub enum Frame {
         /// Call id.
         stream: u32,
         /// `/package.Service/Method`.
-        path: String,
+        path: P,
         /// Time the caller allows, from when it sent OPEN.
         timeout: Option<Duration>,
         /// Request metadata.
@@ -534,7 +553,15 @@ fn grpc_name(k: &[u8]) -> Option<HeaderName> {
 }
 
 /// Decodes one frame. Never panics; see [`FrameError`].
-pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameError> {
+pub fn decode(frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameError> {
+    decode_as(frame, limits)
+}
+
+/// As [`decode`], with OPEN's method path as `P` (e.g. the frame's own bytes).
+pub fn decode_as<P: MethodPath>(
+    mut frame: Bytes,
+    limits: &DecodeLimits,
+) -> Result<Frame<P>, FrameError> {
     if frame.len() < HEADER_LEN {
         return Err(FrameError::Truncated("frame header"));
     }
@@ -569,10 +596,17 @@ pub fn decode(mut frame: Bytes, limits: &DecodeLimits) -> Result<Frame, FrameErr
             r.what = "OPEN";
             nonzero("OPEN")?;
             let micros = r.u64()?;
-            let path = r.string("method path")?;
-            if !path.starts_with('/') {
-                return Err(FrameError::BadMethodPath(path));
+            let n = r.u16()? as usize;
+            let path = r.bytes(n)?;
+            if std::str::from_utf8(&path).is_err() {
+                return Err(FrameError::NotUtf8("method path"));
             }
+            if !path.starts_with(b"/") {
+                return Err(FrameError::BadMethodPath(
+                    String::from_utf8_lossy(&path).into_owned(),
+                ));
+            }
+            let path = P::from_checked(path);
             let metadata = r.metadata(limits, 3)?;
             Frame::Open {
                 stream,

@@ -48,7 +48,8 @@ pub(crate) enum Inbound {
 /// A new call the peer opened (server side).
 pub(crate) struct OpenCall {
     pub(crate) stream: u32,
-    pub(crate) path: String,
+    /// The method path: UTF-8, starting with `/` (the OPEN frame's bytes).
+    pub(crate) path: Bytes,
     pub(crate) timeout: Option<Duration>,
     pub(crate) metadata: HeaderMap,
     pub(crate) inbound: InboundRx,
@@ -431,9 +432,9 @@ fn handle_next(
     // A peer that ignores the metadata limit it was told in HELLO is
     // misbehaving too (§1.5): every violation closes the connection.
     let mut opened = Opened::default();
-    let handled = match frame::decode(bytes, limits) {
+    let handled = match frame::decode_as::<Bytes>(bytes, limits) {
         Ok(Frame::Batch(parts)) => parts.into_iter().try_for_each(|p| {
-            let f = frame::decode(p, limits)?;
+            let f = frame::decode_as::<Bytes>(p, limits)?;
             shared.dispatch(f, acceptor, &mut opened)
         }),
         Ok(f) => shared.dispatch(f, acceptor, &mut opened),
@@ -793,7 +794,7 @@ impl Shared {
     /// Routes one decoded frame. An `Err` is a connection-level protocol violation.
     fn dispatch(
         self: &Arc<Self>,
-        f: Frame,
+        f: Frame<Bytes>,
         acceptor: Option<&Acceptor>,
         opened: &mut Opened,
     ) -> Result<(), PeerMisbehaved> {

@@ -112,8 +112,8 @@ async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall
     let mut req = http::Request::new(Body::new(body));
     *req.method_mut() = http::Method::POST;
     *req.version_mut() = http::Version::HTTP_2;
-    // The path's bytes become the URI's without a copy.
-    match http::Uri::from_maybe_shared(bytes::Bytes::from(path)) {
+    // The path's bytes (the OPEN frame's) become the URI's without a copy.
+    match http::Uri::from_maybe_shared(path) {
         Ok(uri) => *req.uri_mut() = uri,
         Err(e) => {
             send_status(
@@ -220,7 +220,7 @@ pub(crate) fn call_head(call: &OpenCall) -> http::Request<()> {
     let mut r = http::Request::new(());
     *r.method_mut() = http::Method::POST;
     *r.version_mut() = http::Version::HTTP_2;
-    if let Ok(uri) = http::Uri::try_from(call.path.as_str()) {
+    if let Ok(uri) = http::Uri::from_maybe_shared(call.path.clone()) {
         *r.uri_mut() = uri;
     }
     *r.headers_mut() = call.metadata.clone();

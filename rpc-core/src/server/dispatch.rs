@@ -83,12 +83,14 @@ where
 /// The services added with `add_service`, by [`NamedService::NAME`](tonic::server::NamedService::NAME).
 #[derive(Clone, Default)]
 pub(crate) struct Direct {
-    by_name: Arc<HashMap<&'static str, Arc<dyn StartCall>>>,
+    by_name: Arc<HashMap<&'static [u8], Arc<dyn StartCall>>>,
 }
 
 impl std::fmt::Debug for Direct {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_set().entries(self.by_name.keys()).finish()
+        f.debug_set()
+            .entries(self.by_name.keys().map(|k| String::from_utf8_lossy(k)))
+            .finish()
     }
 }
 
@@ -102,17 +104,19 @@ impl Direct {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        Arc::make_mut(&mut self.by_name).insert(name, Arc::new(Named(svc)));
+        Arc::make_mut(&mut self.by_name).insert(name.as_bytes(), Arc::new(Named(svc)));
     }
 
     /// The service a call to `path` (`/package.Service/Method`) goes to, if
     /// it was added by name; `None` sends the call through the router
     /// (unknown service → UNIMPLEMENTED there, as before).
-    pub(crate) fn get(&self, path: &str) -> Option<&dyn StartCall> {
+    pub(crate) fn get(&self, path: &[u8]) -> Option<&dyn StartCall> {
         if self.by_name.is_empty() {
             return None;
         }
-        let (name, method) = path.strip_prefix('/')?.split_once('/')?;
+        let rest = path.strip_prefix(b"/")?;
+        let slash = rest.iter().position(|&b| b == b'/')?;
+        let (name, method) = (&rest[..slash], &rest[slash + 1..]);
         if method.is_empty() {
             return None;
         }
@@ -151,12 +155,12 @@ mod tests {
     #[tokio::test]
     async fn finds_a_service_by_the_name_in_the_path_only() {
         let mut d = Direct::default();
-        assert!(d.get("/pkg.Svc/Method").is_none(), "nothing added yet");
+        assert!(d.get(b"/pkg.Svc/Method").is_none(), "nothing added yet");
         d.add(Named::NAME, Named("first"));
         d.add("pkg.Second", Named("second"));
         let is = |p: &str, name: &str| {
-            d.get(p)
-                .is_some_and(|s| std::ptr::addr_eq(s, &*d.by_name[name]))
+            d.get(p.as_bytes())
+                .is_some_and(|s| std::ptr::addr_eq(s, &*d.by_name[name.as_bytes()]))
         };
         assert!(is("/pkg.Svc/Method", "pkg.Svc"));
         assert!(is("/pkg.Second/Method", "pkg.Second"));
@@ -170,7 +174,7 @@ mod tests {
             "/",
             "",
         ] {
-            assert!(d.get(p).is_none(), "{p:?}");
+            assert!(d.get(p.as_bytes()).is_none(), "{p:?}");
         }
     }
 
