@@ -29,6 +29,7 @@
 //! |---|---|
 //! | `arena` | the per-thread buffer outgoing frames are carved from |
 //! | [`codec`] | the protobuf codec generated code uses (tonic-prost's, encoding into one allocation) |
+//! | `hash` | the keyed hash of the maps each call looks up (calls by stream id, services by name) |
 //! | `info` | what the API reports: [`Transport`], [`TransportKind`], [`TransportInfo`], [`FallbackReason`], [`ConnInfo`] |
 //! | `error` | [`Error`], and the boxed error and error-chain text shared below |
 //! | [`conn`] | the message-connection trait, and the in-memory connection |
@@ -45,6 +46,7 @@ mod client;
 pub mod codec;
 pub mod conn;
 mod error;
+mod hash;
 mod info;
 mod protocol;
 mod server;

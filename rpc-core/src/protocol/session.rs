@@ -13,6 +13,7 @@ mod outbox;
 mod queue;
 
 use crate::conn::{Connection, FrameReceiver, FrameSender};
+use crate::hash::FastState;
 use crate::protocol::frame::{self, DecodeLimits, Frame, Hello};
 use crate::protocol::window::SendWindow;
 use crate::{ConnInfo, PeerMisbehaved, SessionConfig};
@@ -141,7 +142,7 @@ impl StreamEntry {
 
 #[derive(Debug, Default)]
 struct State {
-    streams: HashMap<u32, StreamEntry>,
+    streams: HashMap<u32, StreamEntry, FastState>,
     next_stream: u32,
     /// Highest stream the peer opened (server side).
     last_peer_stream: u32,

@@ -21,6 +21,7 @@ use tonic::body::Body;
 use tower::{Service, ServiceExt};
 
 use super::call::{start_call, CallSvc};
+use crate::hash::FastState;
 use crate::protocol::session::{CallFuture, OpenCall, Shared};
 
 /// Starts the calls of one service added by name.
@@ -83,7 +84,7 @@ where
 /// The services added with `add_service`, by [`NamedService::NAME`](tonic::server::NamedService::NAME).
 #[derive(Clone, Default)]
 pub(crate) struct Direct {
-    by_name: Arc<HashMap<&'static [u8], Arc<dyn StartCall>>>,
+    by_name: Arc<HashMap<&'static [u8], Arc<dyn StartCall>, FastState>>,
 }
 
 impl std::fmt::Debug for Direct {
