@@ -178,7 +178,7 @@ pub(super) async fn msg_call(
     let path = uri.path();
     let timeout = parts
         .headers
-        .get("grpc-timeout")
+        .get(const { http::HeaderName::from_static("grpc-timeout") })
         .and_then(|v| v.to_str().ok())
         .and_then(timeout::parse);
     let mut md = parts.headers;

@@ -513,7 +513,20 @@ impl Reader<'_> {
                     limit: limits.max_metadata_bytes,
                 });
             }
-            let k = self.bytes(klen)?;
+            self.need(klen)?;
+            // The name is read in place (a known one needs no bytes of its
+            // own); a bad one is reported after the value's checks, as
+            // when it was read after the value.
+            let k = &self.buf[..klen];
+            let name = known_name(k).map_or_else(
+                || {
+                    HeaderName::from_bytes(k).map_err(|_| {
+                        FrameError::BadMetadataName(String::from_utf8_lossy(k).into_owned())
+                    })
+                },
+                Ok,
+            );
+            self.buf.advance(klen);
             let vlen = self.u32()? as usize;
             total = total.saturating_add(vlen);
             if total > limits.max_metadata_bytes {
@@ -523,12 +536,7 @@ impl Reader<'_> {
                 });
             }
             let v = self.bytes(vlen)?;
-            let name = match grpc_name(&k) {
-                Some(n) => n,
-                None => HeaderName::from_bytes(&k).map_err(|_| {
-                    FrameError::BadMetadataName(String::from_utf8_lossy(&k).into_owned())
-                })?,
-            };
+            let name = name?;
             let value = HeaderValue::from_maybe_shared(v)
                 .map_err(|_| FrameError::BadMetadataValue(name.to_string()))?;
             md.append(name, value);
@@ -537,19 +545,23 @@ impl Reader<'_> {
     }
 }
 
-/// The gRPC metadata names that calls carry most, as static names:
+/// The metadata names that calls carry most, without parsing them:
 /// `HeaderName::from_bytes` copies every name `http` does not know into a
-/// new allocation (`content-type`, `te` and `user-agent` it knows).
-fn grpc_name(k: &[u8]) -> Option<HeaderName> {
-    Some(HeaderName::from_static(match k {
-        b"grpc-status" => "grpc-status",
-        b"grpc-message" => "grpc-message",
-        b"grpc-status-details-bin" => "grpc-status-details-bin",
-        b"grpc-encoding" => "grpc-encoding",
-        b"grpc-accept-encoding" => "grpc-accept-encoding",
-        b"grpc-timeout" => "grpc-timeout",
+/// new allocation, and finds the ones it knows (`content-type`, `te`,
+/// `user-agent`) through its whole table of standard names.
+fn known_name(k: &[u8]) -> Option<HeaderName> {
+    Some(match k {
+        b"content-type" => http::header::CONTENT_TYPE,
+        b"te" => http::header::TE,
+        b"user-agent" => http::header::USER_AGENT,
+        b"grpc-status" => const { HeaderName::from_static("grpc-status") },
+        b"grpc-message" => const { HeaderName::from_static("grpc-message") },
+        b"grpc-status-details-bin" => const { HeaderName::from_static("grpc-status-details-bin") },
+        b"grpc-encoding" => const { HeaderName::from_static("grpc-encoding") },
+        b"grpc-accept-encoding" => const { HeaderName::from_static("grpc-accept-encoding") },
+        b"grpc-timeout" => const { HeaderName::from_static("grpc-timeout") },
         _ => return None,
-    }))
+    })
 }
 
 /// Decodes one frame. Never panics; see [`FrameError`].
@@ -740,8 +752,11 @@ mod tests {
     }
 
     #[test]
-    fn grpc_names_decode_to_the_names_http_parses() {
+    fn known_names_decode_to_the_names_http_parses() {
         let names = [
+            "content-type",
+            "te",
+            "user-agent",
             "grpc-status",
             "grpc-message",
             "grpc-status-details-bin",
@@ -751,13 +766,13 @@ mod tests {
         ];
         for n in names {
             assert_eq!(
-                grpc_name(n.as_bytes()),
+                known_name(n.as_bytes()),
                 Some(HeaderName::from_bytes(n.as_bytes()).unwrap())
             );
         }
-        assert_eq!(grpc_name(b"grpc-statu"), None);
+        assert_eq!(known_name(b"grpc-statu"), None);
         assert_eq!(
-            grpc_name(b"Grpc-Status"),
+            known_name(b"Grpc-Status"),
             None,
             "left to HeaderName::from_bytes"
         );

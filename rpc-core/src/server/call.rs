@@ -93,8 +93,9 @@ async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall
         window,
     } = call;
     if let Some(t) = call_timeout {
-        if let Ok(v) = timeout::encode(t).parse() {
-            metadata.insert("grpc-timeout", v);
+        // The encoded string's bytes become the value's (no copy).
+        if let Ok(v) = http::HeaderValue::try_from(timeout::encode(t)) {
+            metadata.insert(const { http::HeaderName::from_static("grpc-timeout") }, v);
         }
     }
     if !metadata.contains_key(http::header::CONTENT_TYPE) {
@@ -132,7 +133,9 @@ async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall
         let (parts, mut body) = resp.into_parts();
         let mut headers = parts.headers;
         headers.remove(http::header::CONTENT_LENGTH);
-        if headers.contains_key("grpc-status") && http_body::Body::is_end_stream(&body) {
+        if headers.contains_key(const { http::HeaderName::from_static("grpc-status") })
+            && http_body::Body::is_end_stream(&body)
+        {
             // Trailers-only response (e.g. unimplemented, or an error before any message).
             send_metadata(&shared, stream, frame::kind::TRAILERS, &headers);
             return;
