@@ -842,7 +842,11 @@ mod tests {
     fn generated_code_uses_the_lean_codec_unless_told_otherwise() {
         let root = proto_root();
         for (options, builder, want) in [
-            (Options::default(), configure(), "::rpc_core::codec::ProstCodec"),
+            (
+                Options::default(),
+                configure(),
+                "::rpc_core::codec::ProstCodec",
+            ),
             (
                 Options::default().rpc_core_path("::core_rpc"),
                 configure(),

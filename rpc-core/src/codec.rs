@@ -72,6 +72,6 @@ impl<T: Message> Encoder for ProstEncoder<T> {
     }
 
     fn buffer_settings(&self) -> BufferSettings {
-        self.buffer_settings.clone()
+        self.buffer_settings
     }
 }
