@@ -213,7 +213,7 @@ mod tests {
         let small = msg(100, 1);
         // One large message in one frame: its prefix, then its bytes.
         assert_eq!(
-            split_all(&[big.clone()]),
+            split_all(std::slice::from_ref(&big)),
             vec![big[..5].to_vec(), big[5..].to_vec()]
         );
         // Small messages, or a message of exactly 8 KiB - 1: untouched.
