@@ -376,11 +376,14 @@ impl Engine {
     /// posted right after it and will notify both. Only where both hellos
     /// offered it and every chunk but the last is the full size the
     /// receiver assumes for a covered chunk, min of the two regions'
-    /// buffers.
+    /// buffers. One notification covers at most half the peer's region,
+    /// as returns come back by halves (§5.3): the receiver copies one half
+    /// out and returns it while the other half lands.
     #[inline]
     fn covers_next(&self, last: bool) -> bool {
         self.cfg.imm_covers
             && !last
+            && self.covering + 1 < (self.cfg.peer.rdv_count / 2).max(1)
             && self.chunk == self.cfg.rdv_bytes.min(self.cfg.peer.rdv_bytes as usize)
             && self.peer_rdv_avail > 0
             && !self.free_staging.is_empty()
