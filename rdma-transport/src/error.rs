@@ -240,6 +240,17 @@ pub enum PeerMisbehaved {
         /// Buffers advertised.
         count: u32,
     },
+    /// A covering notification (§5.4) covers more chunks, itself
+    /// included, than the peer holds grants for.
+    #[error(
+        "a chunk notification covers {chunks} rendezvous buffers, but the peer holds {held} grants"
+    )]
+    CoverExceedsGrants {
+        /// Buffers the notification names: the covered ones and its own.
+        chunks: u32,
+        /// Buffers the peer holds.
+        held: u32,
+    },
     /// A CHUNK names a buffer that is not currently granted to the peer or
     /// not the next in round-robin order.
     #[error("chunk uses rendezvous buffer {index} not granted to the peer (expected {expected}, {held} held)")]

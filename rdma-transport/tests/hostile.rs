@@ -213,7 +213,12 @@ impl Drop for EchoServer {
 
 /// A raw connection that already sent the active side's first message (§2.3).
 async fn raw(server: &EchoServer, edit: impl FnOnce(&mut Hello)) -> (RawPeer, SocketAddr) {
-    let mut p = RawPeer::connect(server.addr, &static_cfg(), edit)
+    raw_to(server.addr, edit).await
+}
+
+/// [`raw`], to any listener's address.
+async fn raw_to(addr: SocketAddr, edit: impl FnOnce(&mut Hello)) -> (RawPeer, SocketAddr) {
+    let mut p = RawPeer::connect(addr, &static_cfg(), edit)
         .await
         .expect("raw peer connects");
     let me = p.local_addr().expect("raw peer address");
@@ -760,9 +765,8 @@ async fn forged_immediates_close_the_connection() {
                 5 => (
                     wire::chunk_imm(0, n as usize, true),
                     Box::new(move |v| {
-                        *v == PeerMisbehaved::ChunkBufferNotGranted {
-                            index: 0,
-                            expected: 0,
+                        *v == PeerMisbehaved::CoverExceedsGrants {
+                            chunks: n + 1,
                             held: n,
                         }
                     }),
@@ -814,6 +818,111 @@ async fn forged_immediates_close_the_connection() {
         last.expect("7 cases")
             .others_still_work("forged immediates")
             .await;
+    })
+    .await;
+}
+
+/// §5.4 "Covering notifications", on a real QP: chunks WRITTEN without a
+/// notification are never delivered on their own (a peer that never
+/// notifies gets nothing delivered, and its connection keeps working);
+/// once a covering immediate names them, the application gets exactly the
+/// bytes that were in the buffers then, and WRITEs the peer makes into the
+/// same buffers afterwards (it holds their grants again) do not change the
+/// message the application holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn covered_chunks_are_delivered_only_when_notified_and_never_change_after() {
+    let Some(ip) =
+        device_ip("covered_chunks_are_delivered_only_when_notified_and_never_change_after")
+    else {
+        return;
+    };
+    if iwarp() {
+        println!("SKIP covered_chunks_are_delivered_only_when_notified_and_never_change_after: iWARP has no immediate data (§5.4)");
+        return;
+    }
+    within(120, "covered chunks", async {
+        let mut l = Listener::bind(SocketAddr::new(ip, 0), static_cfg())
+            .await
+            .expect("bind");
+        let addr = l.local_addr();
+        let accept = tokio::spawn(async move {
+            let c = l.accept().await.expect("accept");
+            (l, c)
+        });
+        let (mut p, _me) = raw_to(addr, |_| {}).await;
+        let (_l, c) = accept.await.unwrap();
+        let (mut tx, mut rx) = c.split();
+        let h = p.peer_hello();
+        assert_ne!(
+            h.flags & wire::HELLO_FLAG_IMM_COVERS,
+            0,
+            "a RoCE listener offers covering notifications"
+        );
+        let full = h.rdv_bytes as usize; // both sides' buffers: static_cfg's
+        let first = pattern(1, full);
+        let tail = pattern(2, 10);
+
+        // A chunk WRITTEN into buffer 0 without a notification: nothing is
+        // delivered.
+        let st = p
+            .write(&first, buffer_addr(&h, 0), h.rdv_rkey)
+            .await
+            .unwrap();
+        assert!(st.ok(), "silent chunk: {st:?}");
+        let early = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await;
+        assert!(
+            early.is_err(),
+            "delivered before any notification: {early:?}"
+        );
+
+        // The covering immediate: buffer 1 holds the last 10 bytes and covers
+        // buffer 0.
+        let st = p
+            .write_with_imm(
+                &tail,
+                buffer_addr(&h, 1),
+                h.rdv_rkey,
+                wire::chunk_imm(1, 1, true),
+            )
+            .await
+            .unwrap();
+        assert!(st.ok(), "covering notification: {st:?}");
+        let got = rx.recv().await.expect("recv").expect("a message");
+        let mut want = first.to_vec();
+        want.extend_from_slice(&tail);
+        assert!(got[..] == want[..], "the covered message, in order");
+
+        // The peer writes over both buffers again: the message held is
+        // unchanged.
+        for i in 0..2 {
+            let st = p
+                .write(&pattern(9, full), buffer_addr(&h, i), h.rdv_rkey)
+                .await
+                .unwrap();
+            assert!(st.ok(), "rewrite of buffer {i}: {st:?}");
+        }
+        assert!(
+            got[..] == want[..],
+            "a later WRITE changed a delivered message"
+        );
+
+        // Chunks WRITTEN and never notified, then an eager message: only the
+        // eager message is delivered, and the connection answers.
+        let st = p
+            .write(&pattern(4, full), buffer_addr(&h, 2), h.rdv_rkey)
+            .await
+            .unwrap();
+        assert!(st.ok(), "{st:?}");
+        let st = p.send_raw(&eager(b"after silence")).await.unwrap();
+        assert!(st.ok(), "{st:?}");
+        let got = rx.recv().await.expect("recv").expect("the eager message");
+        assert_eq!(&got[..], b"after silence");
+        tx.send(bytes::Bytes::from_static(b"still here"))
+            .await
+            .expect("send");
+        let m = recv_kind(&mut p, Kind::Eager, "the listener's answer").await;
+        assert_eq!(&m[HDR_LEN..], b"still here");
     })
     .await;
 }

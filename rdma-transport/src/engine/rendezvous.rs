@@ -233,8 +233,14 @@ impl Engine {
         // this one must be the buffer after the covered ones.
         // covered <= 0x7fff and rdv_expected < rdv_count <= 4096: no
         // overflow.
+        if covered >= self.rdv_peer_held {
+            return Self::proto(PeerMisbehaved::CoverExceedsGrants {
+                chunks: covered + 1,
+                held: self.rdv_peer_held,
+            });
+        }
         let expected = (self.rdv_expected + covered) % self.cfg.rdv_count;
-        if covered >= self.rdv_peer_held || idx != expected {
+        if idx != expected {
             return Self::proto(PeerMisbehaved::ChunkBufferNotGranted {
                 index: idx,
                 expected,

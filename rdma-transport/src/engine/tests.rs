@@ -2092,11 +2092,7 @@ fn forged_covering_immediates_rejected() {
             Imm::Write(chunk_imm(0, 3, true)),
             10
         )),
-        V::ChunkBufferNotGranted {
-            index: 0,
-            expected: 0,
-            held: 3
-        }
+        V::CoverExceedsGrants { chunks: 4, held: 3 }
     );
     // Not the buffer right after the covered ones.
     let (mut e, mut m, _) = covering_receiver();
@@ -2152,11 +2148,7 @@ fn forged_covering_immediates_rejected() {
             Imm::Write(chunk_imm(0, 1, true)),
             10
         )),
-        V::ChunkBufferNotGranted {
-            index: 0,
-            expected: 0,
-            held: 1
-        }
+        V::CoverExceedsGrants { chunks: 2, held: 1 }
     );
     // A SEND-notified chunk inside a message notified by immediates.
     let (mut e, mut m, _) = covering_receiver();
