@@ -208,7 +208,7 @@ fuzz_target!(|data: &[u8]| {
     let on_demand = first & 2 != 0;
     let peer_on_demand = first & 4 != 0;
     // §5.4: covering notifications, where immediates are on.
-    let imm_covers = write_imm && first & 8 != 0;
+    let covers = write_imm && first & 8 != 0;
     let mut peer = Hello {
         version: VERSION,
         flags: 0,
@@ -246,7 +246,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(d) = &decoded {
             assert_eq!(d, &peer, "decode(encode(h)) == h");
         } else {
-            let r = Engine::new(engine_config(peer, write_imm, imm_covers, on_demand));
+            let r = Engine::new(engine_config(peer, write_imm, covers, on_demand));
             assert!(
                 r.is_err(),
                 "Engine::new accepted a hello decode refuses: {peer:?}"
@@ -254,7 +254,7 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     }
-    let Ok(mut e) = Engine::new(engine_config(peer, write_imm, imm_covers, on_demand)) else {
+    let Ok(mut e) = Engine::new(engine_config(peer, write_imm, covers, on_demand)) else {
         panic!("Engine::new refused a hello decode accepts: {peer:?}");
     };
     let mut mem = Mem {
@@ -285,7 +285,7 @@ fuzz_target!(|data: &[u8]| {
 /// Ring size at the start with memory on demand.
 const INITIAL: u32 = 4;
 
-fn engine_config(peer: Hello, write_imm: bool, imm_covers: bool, on_demand: bool) -> EngineConfig {
+fn engine_config(peer: Hello, write_imm: bool, covers: bool, on_demand: bool) -> EngineConfig {
     let initial = if on_demand { INITIAL } else { SLOTS };
     EngineConfig {
         recv_slots: SLOTS,
@@ -305,7 +305,7 @@ fn engine_config(peer: Hello, write_imm: bool, imm_covers: bool, on_demand: bool
         signal_every: 4,
         max_inline: 64,
         write_imm,
-        imm_covers,
+        covers,
         zero_length_write_any_rkey: write_imm,
         // §4.7: the revoke exchange too, where memory is on demand.
         revoke_idle: on_demand,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::config::Config;
 use crate::engine::wire::{
-    Hello, HELLO_FLAG_IMM_COVERS, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_REVOCABLE, HELLO_FLAG_WRITE_IMM,
+    Hello, HELLO_FLAG_COVERS, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_REVOCABLE, HELLO_FLAG_WRITE_IMM,
     VERSION,
 };
 use crate::engine::EngineConfig;
@@ -244,11 +244,11 @@ pub(super) fn build_resources(
         .collect();
     mem.execute(&initial)?;
     // §5.4: offer chunk notification by WRITE with immediate data where the
-    // device has it (not on iWARP).
+    // device has it (not on iWARP), and covering notifications everywhere.
     let mut flags = if cfg.write_with_imm && !id.is_iwarp() {
-        HELLO_FLAG_WRITE_IMM | HELLO_FLAG_IMM_COVERS
+        HELLO_FLAG_WRITE_IMM | HELLO_FLAG_COVERS
     } else {
-        0
+        HELLO_FLAG_COVERS
     };
     if cfg.memory_on_demand {
         // §4.7: and we answer a peer's credit revoke.
@@ -294,8 +294,7 @@ pub(super) fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> Engin
         signal_every: cfg.signal_every_eff(),
         max_inline,
         write_imm: res.hello.flags & peer.flags & HELLO_FLAG_WRITE_IMM != 0,
-        imm_covers: res.hello.flags & peer.flags & (HELLO_FLAG_WRITE_IMM | HELLO_FLAG_IMM_COVERS)
-            == HELLO_FLAG_WRITE_IMM | HELLO_FLAG_IMM_COVERS,
+        covers: res.hello.flags & peer.flags & HELLO_FLAG_COVERS != 0,
         zero_length_write_any_rkey: !res.iwarp,
         // §4.7: only a shared receive queue can take receives back.
         revoke_idle: res.mem.is_shared(),

@@ -266,9 +266,10 @@ pub struct EngineConfig {
     /// Both hellos offered RDMA WRITE with immediate data (§2.1 flags,
     /// §5.4): chunks are notified by the WRITE's immediate, not a SEND.
     pub write_imm: bool,
-    /// With `write_imm`, both hellos offered covering notifications (§2.1
-    /// flags, §5.4): one immediate may notify the chunks WRITTEN before it.
-    pub imm_covers: bool,
+    /// Both hellos offered covering notifications (§2.1 flags, §5.4): one
+    /// notification (an immediate, or a CHUNK SEND) may notify the chunks
+    /// WRITTEN before it.
+    pub covers: bool,
     /// The device executes a zero-length RDMA WRITE without checking its
     /// address and rkey (InfiniBand/RoCE, IB spec C9-88): keepalives (§4.4)
     /// while no region of the peer's is held are such a WRITE, invisible to

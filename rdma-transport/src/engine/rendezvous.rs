@@ -91,7 +91,14 @@ impl Engine {
             return Self::proto(PeerMisbehaved::ChunkWithPayload { len });
         }
         let idx = h.rdv_index;
-        self.check_chunk_buffer(idx)?;
+        // §5.4: the chunks WRITTEN before this one that it covers (none
+        // unless covering notifications were negotiated: reserved then).
+        let covered = if self.cfg.covers {
+            u32::from(h.covered)
+        } else {
+            0
+        };
+        self.check_covered_buffers(idx, covered)?;
         // Our own region (idx < rdv_count, checked, and granted, so
         // registered): the end address exists and nothing here can overflow.
         let expect_addr = self.rdv_addr + u64::from(idx) * self.cfg.rdv_bytes as u64;
@@ -136,9 +143,11 @@ impl Engine {
             }
             Some(_) => {}
         }
-        // Both terms are bounded (received bytes <= total <= max_message,
-        // clen <= rdv_bytes), so the sum cannot overflow.
-        let end = r.buf.len() + clen;
+        // Every term is bounded (received bytes <= total <= max_message,
+        // covered < rdv_count <= 4096, full and clen <= rdv_bytes <= 1 GiB),
+        // so the sum cannot overflow.
+        let full = self.cfg.rdv_bytes.min(self.cfg.peer.rdv_bytes as usize);
+        let end = r.buf.len() + covered as usize * full + clen;
         if end > total {
             return Self::proto(PeerMisbehaved::ChunkOverrun {
                 end: end as u64,
@@ -151,6 +160,9 @@ impl Engine {
                 end: end as u64,
                 total: total as u64,
             });
+        }
+        for _ in 0..covered {
+            self.land_chunk(self.rdv_expected, full, false, bufs);
         }
         self.land_chunk(idx, clen, last, bufs);
         Ok(())
@@ -165,7 +177,7 @@ impl Engine {
         bufs: &B,
     ) -> Result<(), EngineError> {
         let (idx, following, last) = wire::parse_chunk_imm(imm);
-        if self.cfg.imm_covers {
+        if self.cfg.covers {
             return self.on_covering_imm(idx, following, last, len, bufs);
         }
         if last != (following == 0) {
@@ -222,31 +234,7 @@ impl Engine {
         len: usize,
         bufs: &B,
     ) -> Result<(), EngineError> {
-        if idx >= self.cfg.rdv_count {
-            return Self::proto(PeerMisbehaved::ChunkUnknownBuffer {
-                index: idx,
-                count: self.cfg.rdv_count,
-            });
-        }
-        // The covered buffers and this one all need a grant the peer holds
-        // (so none is one being consumed or not yet re-advertised), and
-        // this one must be the buffer after the covered ones.
-        // covered <= 0x7fff and rdv_expected < rdv_count <= 4096: no
-        // overflow.
-        if covered >= self.rdv_peer_held {
-            return Self::proto(PeerMisbehaved::CoverExceedsGrants {
-                chunks: covered + 1,
-                held: self.rdv_peer_held,
-            });
-        }
-        let expected = (self.rdv_expected + covered) % self.cfg.rdv_count;
-        if idx != expected {
-            return Self::proto(PeerMisbehaved::ChunkBufferNotGranted {
-                index: idx,
-                expected,
-                held: self.rdv_peer_held,
-            });
-        }
+        self.check_covered_buffers(idx, covered)?;
         if len == 0 || len > self.cfg.rdv_bytes {
             return Self::proto(PeerMisbehaved::ChunkLength {
                 len: len as u32,
@@ -279,6 +267,40 @@ impl Engine {
             self.land_chunk(self.rdv_expected, full, false, bufs);
         }
         self.land_chunk(idx, len, last, bufs);
+        Ok(())
+    }
+
+    /// §5.3, §5.4: a notification covering `covered` chunks names the
+    /// buffer `covered` places after the next one in round-robin order,
+    /// and the peer must hold a grant for each of them and for it (so none
+    /// is one being consumed or not yet re-advertised). With nothing
+    /// covered: [`check_chunk_buffer`](Self::check_chunk_buffer).
+    fn check_covered_buffers(&self, idx: u32, covered: u32) -> Result<(), EngineError> {
+        if covered == 0 {
+            return self.check_chunk_buffer(idx);
+        }
+        if idx >= self.cfg.rdv_count {
+            return Self::proto(PeerMisbehaved::ChunkUnknownBuffer {
+                index: idx,
+                count: self.cfg.rdv_count,
+            });
+        }
+        if covered >= self.rdv_peer_held {
+            return Self::proto(PeerMisbehaved::CoverExceedsGrants {
+                chunks: covered + 1,
+                held: self.rdv_peer_held,
+            });
+        }
+        // covered < held <= rdv_count <= 4096 and rdv_expected < rdv_count:
+        // no overflow.
+        let expected = (self.rdv_expected + covered) % self.cfg.rdv_count;
+        if idx != expected {
+            return Self::proto(PeerMisbehaved::ChunkBufferNotGranted {
+                index: idx,
+                expected,
+                held: self.rdv_peer_held,
+            });
+        }
         Ok(())
     }
 

@@ -310,7 +310,7 @@ impl Engine {
                     // credit) at the peer like a SEND, and is signalled so
                     // the staging buffer is released promptly. Otherwise a
                     // CHUNK SEND follows the (unsignalled) WRITE.
-                    if self.cfg.write_imm && self.covers_next(last) {
+                    if self.covers_next(last) {
                         // §5.4 "Covering notifications": the next chunk
                         // goes out in this same pass and its immediate
                         // notifies this one too. No credit, no completion.
@@ -328,7 +328,7 @@ impl Engine {
                         continue;
                     }
                     let imm = self.cfg.write_imm.then(|| {
-                        let n = if self.cfg.imm_covers {
+                        let n = if self.cfg.covers {
                             std::mem::take(&mut self.covering) as usize
                         } else {
                             remaining.div_ceil(self.chunk)
@@ -355,6 +355,9 @@ impl Engine {
                     h.rdv_index = idx;
                     h.total_len = total as u64;
                     h.addr = remote_addr;
+                    // §5.4: the chunks this one covers, fewer than half the
+                    // peer's region (at most 2048): fits.
+                    h.covered = std::mem::take(&mut self.covering) as u16;
                     if last {
                         h.flags |= FLAG_LAST;
                     }
@@ -381,7 +384,7 @@ impl Engine {
     /// out and returns it while the other half lands.
     #[inline]
     fn covers_next(&self, last: bool) -> bool {
-        self.cfg.imm_covers
+        self.cfg.covers
             && !last
             && self.covering + 1 < (self.cfg.peer.rdv_count / 2).max(1)
             && self.chunk == self.cfg.rdv_bytes.min(self.cfg.peer.rdv_bytes as usize)

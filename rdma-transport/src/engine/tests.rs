@@ -127,7 +127,7 @@ struct P {
     inline: usize,
     /// Offers RDMA WRITE with immediate data (§5.4).
     imm: bool,
-    /// With `imm`, offers covering notifications (§5.4).
+    /// Offers covering notifications (§5.4).
     covers: bool,
     /// Memory on demand (§4.6, §5.5), with rings starting at `initial`.
     on_demand: bool,
@@ -174,10 +174,12 @@ impl P {
     fn hello(&self) -> Hello {
         Hello {
             version: VERSION,
-            flags: if self.imm && self.covers {
-                wire::HELLO_FLAG_WRITE_IMM | wire::HELLO_FLAG_IMM_COVERS
-            } else if self.imm {
+            flags: if self.imm {
                 wire::HELLO_FLAG_WRITE_IMM
+            } else {
+                0
+            } | if self.covers {
+                wire::HELLO_FLAG_COVERS
             } else {
                 0
             } | if self.on_demand {
@@ -234,7 +236,7 @@ impl P {
             signal_every: self.signal_every,
             max_inline: self.inline,
             write_imm: self.imm && peer.imm,
-            imm_covers: self.imm && peer.imm && self.covers && peer.covers,
+            covers: self.covers && peer.covers,
             zero_length_write_any_rkey: self.zero_write,
             revoke_idle: self.revoke,
             peer: peer.hello(),
@@ -279,6 +281,8 @@ struct Side {
     /// WRITEs with immediate data this side received (§5.4): its
     /// receive-side notifications for rendezvous chunks.
     imm_notes: u64,
+    /// CHUNK SENDs this side received (§5.2): the same without immediates.
+    chunk_sends: u64,
 }
 
 /// wr_id tag of a completion from the emulated shared receive queue.
@@ -297,6 +301,7 @@ impl Side {
             srq: me.revoke,
             srq_data: VecDeque::new(),
             imm_notes: 0,
+            chunk_sends: 0,
         };
         s.run_actions();
         s
@@ -395,6 +400,8 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             wr_id,
             signaled,
         } => {
+            let kind = Header::decode(&from.mem.send_slot(slot)[..len]).map(|h| h.kind);
+            to.chunk_sends += u64::from(kind == Ok(Kind::Chunk));
             if to.srq {
                 // A buffer of the pool; the slot is bound when processed.
                 assert!(
@@ -1920,7 +1927,7 @@ fn covering_receiver() -> (Engine, Mem, P) {
     let mut p = P::small();
     p.imm = true;
     let e = p.engine(&p);
-    assert!(e.config().imm_covers);
+    assert!(e.config().covers);
     (e, p.mem(), p)
 }
 
@@ -2175,6 +2182,103 @@ fn forged_covering_immediates_rejected() {
     }
 }
 
+/// §5.4 "Covering notifications" by CHUNK SEND (`covered` in the header):
+/// forged ones close the connection before any buffer is read; a valid one
+/// delivers the covered full chunks and its own bytes; a receiver that did
+/// not offer covering ignores the field, as a reserved one.
+#[test]
+fn forged_covering_chunk_sends_rejected() {
+    use PeerMisbehaved as V;
+    let covering = |idx, covered, len, total, last| {
+        let mut h = chunk(idx, len, total, last);
+        h.covered = covered;
+        h
+    };
+    let (mut e, mut m, _) = receiver();
+    assert!(e.config().covers && !e.config().write_imm);
+    assert_eq!(
+        violation(inject(
+            &mut e,
+            &mut m,
+            0,
+            0,
+            covering(0, 3, 10, 3 * 4096 + 10, true),
+            &[]
+        )),
+        V::CoverExceedsGrants { chunks: 4, held: 3 }
+    );
+    let (mut e, mut m, _) = receiver();
+    assert_eq!(
+        violation(inject(
+            &mut e,
+            &mut m,
+            0,
+            0,
+            covering(2, 1, 10, 4106, true),
+            &[]
+        )),
+        V::ChunkBufferNotGranted {
+            index: 2,
+            expected: 1,
+            held: 3
+        }
+    );
+    let (mut e, mut m, _) = receiver();
+    assert_eq!(
+        violation(inject(
+            &mut e,
+            &mut m,
+            0,
+            0,
+            covering(1, 1, 10, 100, true),
+            &[]
+        )),
+        V::ChunkOverrun {
+            end: 4106,
+            total: 100
+        }
+    );
+    let (mut e, mut m, _) = receiver();
+    assert_eq!(
+        violation(inject(
+            &mut e,
+            &mut m,
+            0,
+            0,
+            covering(1, 1, 10, 4107, true),
+            &[]
+        )),
+        V::LastFlagWrong {
+            last: true,
+            end: 4106,
+            total: 4107
+        }
+    );
+    // Valid: buffers 0 and 1 covered, buffer 2 holds the last 10 bytes.
+    let (mut e, mut m, _) = receiver();
+    for (i, b) in m.rdv.iter_mut().enumerate() {
+        *b = (i / 4096) as u8 + 1;
+    }
+    inject(&mut e, &mut m, 0, 0, covering(2, 2, 10, 8202, true), &[]).unwrap();
+    match e.next_event() {
+        Some(Event::Message(b)) => {
+            assert_eq!(b.len(), 8202);
+            assert!(b[..4096].iter().all(|&x| x == 1));
+            assert!(b[4096..8192].iter().all(|&x| x == 2));
+            assert!(b[8192..].iter().all(|&x| x == 3));
+        }
+        other => panic!("expected the message, got {other:?}"),
+    }
+    // Not negotiated: the field is reserved and not read.
+    let mut q = P::small();
+    q.covers = false;
+    let mut e = q.engine(&q);
+    let mut m = q.mem();
+    m.rdv[..10].copy_from_slice(b"0123456789");
+    inject(&mut e, &mut m, 0, 0, covering(0, 5, 10, 10, true), &[]).unwrap();
+    assert!(matches!(e.next_event(), Some(Event::Message(b)) if &b[..] == b"0123456789"));
+}
+
 /// §5.4 "Covering notifications": a message whose chunks fit the peer's
 /// grants costs the receiver one notification; a longer one, one per
 /// round of grants at most; without covering, one per chunk. Every byte
@@ -2209,6 +2313,27 @@ fn covering_notifications_one_per_message() {
             );
         }
     }
+    // The same with CHUNK SENDs (no immediates, as on iWARP).
+    let mut s = p;
+    s.imm = false;
+    let (mut a, mut b) = connect(&s);
+    pump(&mut a, &mut b);
+    for (id, chunks) in [(7u64, 4usize), (8, 3), (9, 9)] {
+        let before = b.chunk_sends;
+        let m = pattern(id, chunks * 4096 - 1);
+        a.e.submit(m.clone());
+        pump(&mut a, &mut b);
+        assert_eq!(b.got.pop(), Some(m), "message {id} intact");
+        let notes = b.chunk_sends - before;
+        if chunks <= 4 {
+            assert_eq!(notes, 1, "{chunks} chunks: one CHUNK SEND");
+        } else {
+            assert!(
+                (chunks.div_ceil(4) as u64..chunks as u64).contains(&notes),
+                "{chunks} chunks: {notes} CHUNK SENDs"
+            );
+        }
+    }
     // A region of 3 buffers: a notification covers one chunk (half of 3,
     // at least 1), as without covering.
     let mut r = P::small();
@@ -2218,7 +2343,7 @@ fn covering_notifications_one_per_message() {
     let msgs = vec![5, 4097, 3 * 4096, 3 * 4096 + 1, 20_000, 40_000, 100];
     for seed in 1..6 {
         let (a, b) = run_pair(p, p, &msgs, &msgs, seed);
-        assert!(a.e.config().imm_covers && b.e.config().imm_covers);
+        assert!(a.e.config().covers && b.e.config().covers);
         assert!(b.imm_notes < a.e.counters.rdv_writes, "seed {seed}");
     }
     // Per chunk without covering; not negotiated if one side does not offer.
@@ -2227,7 +2352,7 @@ fn covering_notifications_one_per_message() {
     let (a, b) = run_pair(q, q, &msgs, &msgs, 3);
     assert_eq!(b.imm_notes, a.e.counters.rdv_writes);
     let (c, d) = run_pair(p, q, &msgs, &msgs, 3);
-    assert!(!c.e.config().imm_covers && !d.e.config().imm_covers);
+    assert!(!c.e.config().covers && !d.e.config().covers);
     assert_eq!(d.imm_notes, c.e.counters.rdv_writes);
 }
 

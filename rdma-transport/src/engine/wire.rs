@@ -112,17 +112,17 @@ pub const HELLO_FLAG_REVOCABLE: u16 = 4;
 /// sets it, [`Hello::decode_with_ticket`] consumes it, and a decoded
 /// [`Hello`]'s `flags` never hold it.
 pub const HELLO_FLAG_TICKET: u16 = 8;
-/// Hello flag bit, with [`HELLO_FLAG_WRITE_IMM`]: the sender accepts a
-/// chunk notification by immediate data that covers the chunks WRITTEN
+/// Hello flag bit: the sender accepts a chunk notification (an immediate,
+/// or a CHUNK SEND's `covered` field) that covers the chunks WRITTEN
 /// before it without one (§5.4, "Covering notifications"), and sends them
 /// that way if the peer does too: a message whose chunks fit the peer's
 /// grants costs the receiver one completion, not one per chunk.
-pub const HELLO_FLAG_IMM_COVERS: u16 = 16;
+pub const HELLO_FLAG_COVERS: u16 = 16;
 /// Every flag a [`Hello`]'s `flags` may hold; [`Hello::validate`] refuses
 /// any other bit. On the wire [`HELLO_FLAG_TICKET`] is known too
 /// ([`HELLO_WIRE_FLAGS_KNOWN`]).
 pub const HELLO_FLAGS_KNOWN: u16 =
-    HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND | HELLO_FLAG_REVOCABLE | HELLO_FLAG_IMM_COVERS;
+    HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND | HELLO_FLAG_REVOCABLE | HELLO_FLAG_COVERS;
 /// Every flag bit a hello blob may carry (§2.1); any other bit is refused.
 pub const HELLO_WIRE_FLAGS_KNOWN: u16 = HELLO_FLAGS_KNOWN | HELLO_FLAG_TICKET;
 
@@ -134,7 +134,7 @@ pub const IMM_FOLLOWING_MAX: u32 = 0x7fff;
 /// Immediate data of a chunk WRITE (§5.4): bits 0–15 the rendezvous buffer
 /// index, bits 16–30 how many chunks of the message follow (a sizing hint,
 /// saturating at [`IMM_FOLLOWING_MAX`]), bit 31 LAST. With
-/// [`HELLO_FLAG_IMM_COVERS`] negotiated, bits 16–30 instead count the
+/// [`HELLO_FLAG_COVERS`] negotiated, bits 16–30 instead count the
 /// chunks WRITTEN before this one without a notification, which this one
 /// covers (at most the peer's grants, below 4096). `index` is below
 /// `MAX_RDV_COUNT` (4096), so it fits.
@@ -377,6 +377,10 @@ pub struct Header {
     pub total_len: u64,
     /// Chunk: remote address written (must equal the advertised buffer address).
     pub addr: u64,
+    /// Chunk, with covering notifications negotiated (§5.4): the chunks
+    /// WRITTEN before this one without a notification, which it covers.
+    /// Otherwise reserved (sent as 0, not read).
+    pub covered: u16,
 }
 
 impl Header {
@@ -391,6 +395,7 @@ impl Header {
             rdv_index: 0,
             total_len: 0,
             addr: 0,
+            covered: 0,
         }
     }
 
@@ -400,7 +405,7 @@ impl Header {
         b[1] = self.flags;
         b[2..4].copy_from_slice(&self.credit_return.to_le_bytes());
         b[4..6].copy_from_slice(&self.rdv_return.to_le_bytes());
-        b[6..8].copy_from_slice(&[0, 0]);
+        b[6..8].copy_from_slice(&self.covered.to_le_bytes());
         b[8..12].copy_from_slice(&self.len.to_le_bytes());
         b[12..16].copy_from_slice(&self.rdv_index.to_le_bytes());
         b[16..24].copy_from_slice(&self.total_len.to_le_bytes());
@@ -420,6 +425,7 @@ impl Header {
         Ok(Header {
             kind,
             flags: b[1],
+            covered: u16::from_le_bytes([b[6], b[7]]),
             credit_return: u16::from_le_bytes([b[2], b[3]]),
             rdv_return: u16::from_le_bytes([b[4], b[5]]),
             len: u32::from_le_bytes(b[8..12].try_into().unwrap()),
