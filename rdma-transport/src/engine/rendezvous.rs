@@ -99,6 +99,7 @@ impl Engine {
             0
         };
         self.check_covered_buffers(idx, covered)?;
+        let full = self.covered_chunk_bytes();
         // Our own region (idx < rdv_count, checked, and granted, so
         // registered): the end address exists and nothing here can overflow.
         let expect_addr = self.rdv_addr + u64::from(idx) * self.cfg.rdv_bytes as u64;
@@ -146,7 +147,6 @@ impl Engine {
         // Every term is bounded (received bytes <= total <= max_message,
         // covered < rdv_count <= 4096, full and clen <= rdv_bytes <= 1 GiB),
         // so the sum cannot overflow.
-        let full = self.cfg.rdv_bytes.min(self.cfg.peer.rdv_bytes as usize);
         let end = r.buf.len() + covered as usize * full + clen;
         if end > total {
             return Self::proto(PeerMisbehaved::ChunkOverrun {
@@ -161,10 +161,7 @@ impl Engine {
                 total: total as u64,
             });
         }
-        for _ in 0..covered {
-            self.land_chunk(self.rdv_expected, full, false, bufs);
-        }
-        self.land_chunk(idx, clen, last, bufs);
+        self.land_covered(covered, idx, clen, last, bufs);
         Ok(())
     }
 
@@ -241,7 +238,7 @@ impl Engine {
                 max: self.cfg.rdv_bytes,
             });
         }
-        let full = self.cfg.rdv_bytes.min(self.cfg.peer.rdv_bytes as usize);
+        let full = self.covered_chunk_bytes();
         let max = self.cfg.max_message;
         // covered < rdv_count <= 4096 and full <= 1 GiB: no overflow.
         let landing = covered as usize * full + len;
@@ -263,10 +260,7 @@ impl Engine {
                 max,
             });
         }
-        for _ in 0..covered {
-            self.land_chunk(self.rdv_expected, full, false, bufs);
-        }
-        self.land_chunk(idx, len, last, bufs);
+        self.land_covered(covered, idx, len, last, bufs);
         Ok(())
     }
 
@@ -302,6 +296,30 @@ impl Engine {
             });
         }
         Ok(())
+    }
+
+    /// §5.4: the bytes of each chunk a notification covers: a full chunk,
+    /// the smaller of the two regions' buffers.
+    #[inline]
+    pub(super) fn covered_chunk_bytes(&self) -> usize {
+        self.cfg.rdv_bytes.min(self.cfg.peer.rdv_bytes as usize)
+    }
+
+    /// Lands the `covered` chunks before buffer `idx` (full ones, checked
+    /// by the caller) and then `idx` itself with its `len` bytes.
+    fn land_covered<B: Buffers + ?Sized>(
+        &mut self,
+        covered: u32,
+        idx: u32,
+        len: usize,
+        last: bool,
+        bufs: &B,
+    ) {
+        let full = self.covered_chunk_bytes();
+        for _ in 0..covered {
+            self.land_chunk(self.rdv_expected, full, false, bufs);
+        }
+        self.land_chunk(idx, len, last, bufs);
     }
 
     /// §5.3: a notification may only name the next buffer in round-robin

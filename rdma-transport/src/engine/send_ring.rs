@@ -309,25 +309,11 @@ impl Engine {
                     // the notification; it consumes a receive buffer (a
                     // credit) at the peer like a SEND, and is signalled so
                     // the staging buffer is released promptly. Otherwise a
-                    // CHUNK SEND follows the (unsignalled) WRITE.
-                    if self.covers_next(last) {
-                        // §5.4 "Covering notifications": the next chunk
-                        // goes out in this same pass and its immediate
-                        // notifies this one too. No credit, no completion.
-                        self.covering += 1;
-                        let wr_id = self.push_silent_record(Held::Staging(st));
-                        self.actions.push(Action::PostWrite {
-                            staging: st,
-                            len: clen,
-                            remote_addr,
-                            rkey: self.peer_rdv_rkey,
-                            wr_id,
-                            signaled: false,
-                            imm: None,
-                        });
-                        continue;
-                    }
-                    let imm = self.cfg.write_imm.then(|| {
+                    // CHUNK SEND follows the (unsignalled) WRITE. A chunk
+                    // the next one covers ("Covering notifications") has
+                    // neither: no credit, no completion of its own.
+                    let silent = self.covers_next(last);
+                    let imm = (!silent && self.cfg.write_imm).then(|| {
                         let n = if self.cfg.covers {
                             std::mem::take(&mut self.covering) as usize
                         } else {
@@ -335,8 +321,12 @@ impl Engine {
                         };
                         wire::chunk_imm(idx, n, last)
                     });
-                    let (wr_id, signaled) =
-                        self.push_record(Some(Held::Staging(st)), imm.is_some());
+                    let (wr_id, signaled) = if silent {
+                        self.covering += 1;
+                        (self.push_silent_record(Held::Staging(st)), false)
+                    } else {
+                        self.push_record(Some(Held::Staging(st)), imm.is_some())
+                    };
                     self.actions.push(Action::PostWrite {
                         staging: st,
                         len: clen,
@@ -346,6 +336,9 @@ impl Engine {
                         signaled,
                         imm,
                     });
+                    if silent {
+                        continue;
+                    }
                     if imm.is_some() {
                         self.credits -= 1;
                         continue;
@@ -387,7 +380,7 @@ impl Engine {
         self.cfg.covers
             && !last
             && self.covering + 1 < (self.cfg.peer.rdv_count / 2).max(1)
-            && self.chunk == self.cfg.rdv_bytes.min(self.cfg.peer.rdv_bytes as usize)
+            && self.chunk == self.covered_chunk_bytes()
             && self.peer_rdv_avail > 0
             && !self.free_staging.is_empty()
             // The next turn's data_room(), with this WRITE on the SQ.
