@@ -1,6 +1,9 @@
 //! Test harness: one fixture per transport path, the same behaviour tests on each.
 //!
-//! * `Memory`: the call protocol over the in-memory connection;
+//! * `Memory`: the call protocol over the in-memory connection, with the
+//!   direct path (`rpc_core::direct`) for the generated clients and services;
+//! * `MemoryTonic`: the same connection with the direct path off on both
+//!   sides, every call through tonic's client and server;
 //! * `Tcp`: standard gRPC over HTTP/2 (tonic's transport) on loopback;
 //! * `Rdma`: the call protocol over rdma-transport. Needs an RDMA device, so
 //!   every RDMA test is `#[ignore]`d: a plain `cargo test` lists it as
@@ -29,8 +32,11 @@ pub const BIG_LIMIT: usize = 80 << 20;
 /// Which transport a test runs over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
-    /// In-memory connection.
+    /// In-memory connection (generated calls on the direct path).
     Memory,
+    /// In-memory connection, every call through tonic's client and server
+    /// (`direct_path(false)` on both sides).
+    MemoryTonic,
     /// HTTP/2 over TCP loopback.
     Tcp,
     /// RDMA (Soft-RoCE in the VM).
@@ -112,9 +118,14 @@ impl Fixture {
         let stats = Arc::new(EchoStats::default());
         let router = make(stats.clone());
         match path {
-            Path::Memory => {
-                let server = router.into_memory();
-                let channel = server.channel().await.expect("in-memory channel");
+            Path::Memory | Path::MemoryTonic => {
+                let tonic_path = path == Path::MemoryTonic;
+                let server = router.direct_path(!tonic_path).into_memory();
+                let channel = server
+                    .channel()
+                    .await
+                    .expect("in-memory channel")
+                    .direct_path(!tonic_path);
                 Some(Fixture {
                     channel,
                     stats,
@@ -181,7 +192,11 @@ impl Fixture {
     /// A second, independent channel to the same server.
     pub async fn new_channel(&self) -> Channel {
         match &self.server {
-            Server::Memory(m) => m.channel().await.expect("in-memory channel"),
+            Server::Memory(m) => m
+                .channel()
+                .await
+                .expect("in-memory channel")
+                .direct_path(self.path != Path::MemoryTonic),
             Server::Net(Some(h)) => {
                 let (addr, t) = match self.path {
                     Path::Rdma => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
@@ -276,13 +291,13 @@ pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
 }
 
 /// Declares one test per transport path for a behaviour `async fn(Fixture)`:
-/// `mod name { memory, tcp, rdma }`, the `rdma` one `#[ignore]`d (it needs a
+/// `mod name { memory, memory_tonic, tcp, rdma }`, the `rdma` one `#[ignore]`d (it needs a
 /// device; see the crate docs). `name => router` serves `router` instead of
 /// [`router`] (as [`on_paths!`]).
 #[macro_export]
 macro_rules! on_every_path {
     ($($names:tt)*) => {
-        $crate::on_paths!([memory, tcp, rdma] $($names)*);
+        $crate::on_paths!([memory, memory_tonic, tcp, rdma] $($names)*);
     };
 }
 
@@ -299,6 +314,10 @@ macro_rules! on_paths {
     (@test memory $name:ident $router:tt) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn memory() { $crate::on_paths!(@run Memory $name $router) }
+    };
+    (@test memory_tonic $name:ident $router:tt) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn memory_tonic() { $crate::on_paths!(@run MemoryTonic $name $router) }
     };
     (@test tcp $name:ident $router:tt) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -82,6 +82,8 @@
 /// tonic-prost-build, re-exported: `rpc_codegen::tonic_prost_build::configure()`.
 pub use tonic_prost_build;
 
+mod direct;
+
 use miette::Diagnostic;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -179,6 +181,16 @@ pub struct Options {
     /// `codec_path` is tonic-prost-build's default; `false` keeps that
     /// default.
     pub lean_codec: bool,
+    /// `true` (the default): generated clients and servers take the direct
+    /// path on message connections (`rpc_core::direct`): a unary or
+    /// server-streaming call from a generated client over an
+    /// `rpc_core::Channel` to a generated service served by an
+    /// `rpc_core::Server` goes from the client's method to the service's
+    /// trait method without tonic's client and server machinery. The
+    /// generated API is tonic's, except that a client's transport must be
+    /// `'static` (every channel is) and a server's constructors need the
+    /// service trait. `false` generates tonic-prost-build's code as it is.
+    pub direct_path: bool,
 }
 
 impl Default for Options {
@@ -187,6 +199,7 @@ impl Default for Options {
             rpc_core_path: "::rpc_core".to_string(),
             rdma_connect: true,
             lean_codec: true,
+            direct_path: true,
         }
     }
 }
@@ -201,6 +214,12 @@ impl Options {
     /// Sets [`rdma_connect`](Options::rdma_connect).
     pub fn rdma_connect(mut self, enable: bool) -> Self {
         self.rdma_connect = enable;
+        self
+    }
+
+    /// Sets [`direct_path`](Options::direct_path).
+    pub fn direct_path(mut self, enable: bool) -> Self {
+        self.direct_path = enable;
         self
     }
 
@@ -253,7 +272,7 @@ pub fn compile_with_options(
     protos: &[impl AsRef<Path>],
     includes: &[impl AsRef<Path>],
 ) -> Result<(), Error> {
-    if options.rdma_connect || options.lean_codec {
+    if options.rdma_connect || options.lean_codec || options.direct_path {
         check_crate_path(&options.rpc_core_path)?;
     }
     let settings = BuilderSettings::read(&builder)?;
@@ -280,6 +299,7 @@ pub fn compile_with_options(
         println!("cargo:rerun-if-changed={}", i.as_ref().display());
     }
     let clients = (options.rdma_connect && settings.build_client).then(|| clients_by_file(&fds));
+    let direct = options.direct_path.then(|| services_by_file(&fds));
     let builder = if options.rdma_connect {
         builder.build_transport(false)
     } else {
@@ -289,17 +309,24 @@ pub fn compile_with_options(
         .compile_fds(fds)
         .map_err(|e| Error::msg(format!("generating code: {e}")))?;
 
-    let Some(clients) = clients else {
+    if clients.is_none() && direct.is_none() {
         return Ok(());
-    };
+    }
     let out_dir = match settings.out_dir {
         Some(dir) => dir,
         None => std::env::var_os("OUT_DIR")
             .map(PathBuf::from)
             .ok_or_else(|| Error::msg("OUT_DIR is not set and the builder has no out_dir"))?,
     };
-    for (file, clients) in clients {
-        let path = out_dir.join(&file);
+    let mut files: BTreeMap<String, ()> = BTreeMap::new();
+    for f in clients.iter().flat_map(|c| c.keys()) {
+        files.insert(f.clone(), ());
+    }
+    for f in direct.iter().flat_map(|d| d.keys()) {
+        files.insert(f.clone(), ());
+    }
+    for file in files.keys() {
+        let path = out_dir.join(file);
         let fail = |message: String| Error {
             file: Some(path.display().to_string()),
             line_col: None,
@@ -307,13 +334,30 @@ pub fn compile_with_options(
         };
         let code = std::fs::read_to_string(&path)
             .map_err(|e| fail(format!("reading generated code: {e}")))?;
-        let with_connect = add_connects(&code, &clients, &options.rpc_core_path).map_err(|m| {
-            fail(format!(
-                "{m} (Options::rdma_connect(false) keeps tonic-build's own connect instead)"
-            ))
-        })?;
-        if with_connect != code {
-            std::fs::write(&path, with_connect)
+        let mut edited = code.clone();
+        if let Some(services) = direct.as_ref().and_then(|d| d.get(file)) {
+            let core = &options.rpc_core_path;
+            let hint = |m: String| {
+                fail(format!(
+                    "{m} (Options::direct_path(false) keeps tonic-build's code as it is)"
+                ))
+            };
+            if settings.build_client {
+                edited = direct::add_to_clients(&edited, services, core).map_err(hint)?;
+            }
+            if settings.build_server {
+                edited = direct::add_to_servers(&edited, services, core).map_err(hint)?;
+            }
+        }
+        if let Some(clients) = clients.as_ref().and_then(|c| c.get(file)) {
+            edited = add_connects(&edited, clients, &options.rpc_core_path).map_err(|m| {
+                fail(format!(
+                    "{m} (Options::rdma_connect(false) keeps tonic-build's own connect instead)"
+                ))
+            })?;
+        }
+        if edited != code {
+            std::fs::write(&path, edited)
                 .map_err(|e| fail(format!("writing generated code: {e}")))?;
         }
     }
@@ -351,6 +395,7 @@ fn check_crate_path(path: &str) -> Result<(), Error> {
 #[derive(Debug, PartialEq, Eq)]
 struct BuilderSettings {
     build_client: bool,
+    build_server: bool,
     file_descriptor_set_path: Option<PathBuf>,
     out_dir: Option<PathBuf>,
     /// `codec_path` is tonic-prost-build's default (`tonic_prost::ProstCodec`).
@@ -376,6 +421,7 @@ impl BuilderSettings {
         let settings = (|| {
             Ok(BuilderSettings {
                 build_client: fields.bool("build_client")?,
+                build_server: fields.bool("build_server")?,
                 file_descriptor_set_path: fields.path("file_descriptor_set_path")?,
                 out_dir: fields.path("out_dir")?,
                 default_codec: dbg.contains("codec_path: \"tonic_prost::ProstCodec\""),
@@ -501,6 +547,45 @@ fn clients_by_file(fds: &prost_types::FileDescriptorSet) -> BTreeMap<String, Vec
                 },
                 module: format!("{}_client", naive_snake_case(&name)),
                 client: format!("{name}Client"),
+            });
+        }
+    }
+    files
+}
+
+/// The services in `fds` with their methods, by generated file name.
+fn services_by_file(
+    fds: &prost_types::FileDescriptorSet,
+) -> BTreeMap<String, Vec<direct::Service>> {
+    let mut files: BTreeMap<String, Vec<direct::Service>> = BTreeMap::new();
+    for file in &fds.file {
+        if file.service.is_empty() {
+            continue;
+        }
+        let package = file.package();
+        let services = files.entry(package_file_name(package)).or_default();
+        for service in &file.service {
+            let name = to_upper_camel(service.name());
+            services.push(direct::Service {
+                proto: if package.is_empty() {
+                    service.name().to_string()
+                } else {
+                    format!("{package}.{}", service.name())
+                },
+                snake: naive_snake_case(&name),
+                name,
+                methods: service
+                    .method
+                    .iter()
+                    .map(|m| direct::Method {
+                        proto: m.name().to_string(),
+                        kind: match (m.client_streaming(), m.server_streaming()) {
+                            (false, false) => direct::Kind::Unary,
+                            (false, true) => direct::Kind::ServerStreaming,
+                            _ => direct::Kind::Other,
+                        },
+                    })
+                    .collect(),
             });
         }
     }
@@ -813,6 +898,7 @@ mod tests {
             BuilderSettings::read(&configure()).unwrap(),
             BuilderSettings {
                 build_client: true,
+                build_server: true,
                 file_descriptor_set_path: None,
                 out_dir: None,
                 default_codec: true,
@@ -822,12 +908,14 @@ mod tests {
         let tricky = PathBuf::from("/tmp/x, skip_protoc_run: false, out_dir: Some(\"/y\")");
         let builder = configure()
             .build_client(false)
+            .build_server(false)
             .file_descriptor_set_path(&tricky)
             .out_dir("/z \"q\"");
         assert_eq!(
             BuilderSettings::read(&builder).unwrap(),
             BuilderSettings {
                 build_client: false,
+                build_server: false,
                 file_descriptor_set_path: Some(tricky),
                 out_dir: Some(PathBuf::from("/z \"q\"")),
                 default_codec: true,

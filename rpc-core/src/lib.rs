@@ -78,6 +78,38 @@ pub use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConf
 pub use tower::discover::Change;
 pub use transport::rdma::MAX_RDMA_FRAME;
 
+/// What the code `rpc_codegen` generates calls for the **direct path**: on a
+/// message connection (RDMA, in-memory), a call from a generated client to a
+/// generated service goes from the client's method to the service's trait
+/// method without tonic's client and server machinery (`http::Request`,
+/// `HeaderMap`s built and read back, tonic's body and codec buffers). The
+/// user's code does not change: `build.rs` calls `rpc_codegen`, the service
+/// is added with `add_service`, the client is made with `new(channel)` or
+/// `connect`.
+///
+/// When a call takes it (otherwise the call takes tonic's path, with the
+/// same bytes on the wire and the same behaviour):
+///
+/// | | direct path | tonic's path |
+/// |---|---|---|
+/// | transport | RDMA, in-memory | TCP (always), or `direct_path(false)` on the [`Channel`] or [`Server`] |
+/// | call kinds | unary, server streaming | client and bidirectional streaming |
+/// | client | a generated client over an [`Channel`] | interceptors (`with_interceptor`), tower layers around the channel, compression, a balanced or limited channel, stock tonic clients |
+/// | server | a generated service added with `add_service` | `Server::layer`, a service wrapped in an interceptor, compression on the service or the request, stock tonic-build services, `add_routes` |
+///
+/// Metadata, status details, deadlines, cancellation and message size
+/// limits behave as on tonic's path; handlers see the same extensions
+/// (`remote_addr()`, the TLS peer's certificates, [`ConnInfo`]).
+///
+/// These items are public for the generated code only: their shape may
+/// change with rpc_codegen's.
+pub mod direct {
+    pub use crate::client::generated::{Call, Client};
+    pub use crate::server::generated::{
+        counts, register, Counts, DirectFuture, Limits, Methods, ServerCall,
+    };
+}
+
 /// Internals that the hostile-peer tests and the fuzz targets drive directly
 /// (the call-protocol codec, the RDMA connection wrapper). Not part of the
 /// API: no stability promise, hidden from the docs.

@@ -43,7 +43,7 @@ async fn serve(path: Path, ex: &Example) -> Option<(rpc_core::ServingHandle, Str
                 return None;
             }
         },
-        Path::Memory => unreachable!("the examples listen on an address"),
+        Path::Memory | Path::MemoryTonic => unreachable!("the examples listen on an address"),
     };
     let h = Server::builder()
         .add_service(GreeterServer::new(ex.clone()))

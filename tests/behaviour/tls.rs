@@ -94,7 +94,7 @@ async fn tls_server(path: Path) -> Option<(ServingHandle, Pki, Authenticated, St
                 return None;
             }
         },
-        Path::Memory => unreachable!("TLS needs an address"),
+        Path::Memory | Path::MemoryTonic => unreachable!("TLS needs an address"),
     };
     let pki = pki(&ip);
     let svc = Authenticated::default();

@@ -49,6 +49,7 @@ pub struct ChannelBuilder {
     pub(crate) rate_limit: Option<(u64, Duration)>,
     pub(crate) buffer_size: Option<usize>,
     pub(crate) reprobe: Option<Reprobe>,
+    pub(crate) direct_path: bool,
 }
 
 /// tonic's name for a channel's builder: `Endpoint::from_static(..).connect()`.
@@ -145,6 +146,7 @@ impl ChannelBuilder {
             concurrency_limit: None,
             rate_limit: None,
             buffer_size: None,
+            direct_path: true,
             reprobe: Some(Reprobe {
                 initial: Duration::from_secs(1),
                 max: Duration::from_secs(60),
@@ -253,6 +255,14 @@ impl ChannelBuilder {
     /// tonic's). TCP only: calls on message connections carry no authority.
     pub fn origin(mut self, origin: Uri) -> Self {
         self.tcp = self.tcp.origin(origin);
+        self
+    }
+
+    /// Whether clients compiled with `rpc_codegen` take the direct path
+    /// over this channel's message connections (see
+    /// [`Channel::direct_path`](crate::Channel::direct_path)). Default: `true`.
+    pub fn direct_path(mut self, enable: bool) -> Self {
+        self.direct_path = enable;
         self
     }
 

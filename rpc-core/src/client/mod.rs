@@ -9,6 +9,7 @@
 pub(crate) mod balance;
 pub(crate) mod call;
 pub(crate) mod endpoint;
+pub(crate) mod generated;
 pub(crate) mod select;
 
 pub use endpoint::{ChannelBuilder, Endpoint};
@@ -67,6 +68,9 @@ pub(crate) type Connector =
 #[derive(Clone)]
 pub struct Channel {
     svc: Svc,
+    /// Clients compiled with `rpc_codegen` take the direct path over this
+    /// channel's message connections ([`Channel::direct_path`]).
+    direct_path: bool,
 }
 
 #[derive(Clone)]
@@ -322,6 +326,7 @@ impl Channel {
             .await
             .map_err(|s| Error::Handshake(s.message().to_string()))?;
         Ok(Channel {
+            direct_path: true,
             svc: Svc::Direct(Direct::new(Core::connected(
                 msg_inner(shared, None, crate::client::endpoint::default_user_agent()),
                 TransportInfo::of(kind, None),
@@ -338,7 +343,22 @@ impl Channel {
         tokio::spawn(worker);
         Channel {
             svc: Svc::Buffered { buf, info },
+            direct_path: true,
         }
+    }
+
+    /// Whether clients compiled with `rpc_codegen` take the direct path
+    /// over this channel's message connections (RDMA, in-memory): the
+    /// request encoded straight into the call's frames and the reply decoded
+    /// from the received bytes, without tonic's client machinery
+    /// (`docs/architecture.md`, "The direct path"). Default: `true`
+    /// ([`ChannelBuilder::direct_path`]). `false` sends every call through
+    /// tonic's client. The bytes on the wire, and what the caller sees, are
+    /// the same either way; stock tonic clients always take tonic's path.
+    #[must_use]
+    pub fn direct_path(mut self, enable: bool) -> Channel {
+        self.direct_path = enable;
+        self
     }
 
     /// Which transport carries this channel's calls now, and why TCP if it
@@ -400,6 +420,28 @@ impl Direct {
     }
 
     /// Picks up a transport change (lazy connect, re-probe, reconnect).
+    /// The call slot `poll_ready` reserved, if any, for a call made
+    /// another way (the direct path).
+    pub(crate) fn take_reservation(&mut self) -> Option<Slot> {
+        match std::mem::replace(&mut self.ready, Ready::Idle) {
+            Ready::Reserved(slot) => Some(slot),
+            other => {
+                self.ready = other;
+                None
+            }
+        }
+    }
+
+    /// The transport in use now (as `refresh` would make it), without
+    /// changing this clone.
+    pub(crate) fn current(&self) -> Option<Inner> {
+        if self.core.gen.load(Ordering::Acquire) == self.gen {
+            self.inner.clone()
+        } else {
+            self.core.current()
+        }
+    }
+
     fn refresh(&mut self) {
         let g = self.core.gen.load(Ordering::Acquire);
         if g != self.gen {

@@ -177,6 +177,7 @@ impl ChannelBuilder {
         if self.concurrency_limit.is_none() && self.rate_limit.is_none() {
             return Channel {
                 svc: Svc::Direct(direct),
+                direct_path: self.direct_path,
             };
         }
         let size = self.buffer_size;

@@ -260,13 +260,42 @@ pub fn encode_hello(h: &Hello) -> Bytes {
 
 /// Size a metadata block takes on the wire, and the bytes that count against the limit.
 fn metadata_size(md: &HeaderMap) -> (usize, usize) {
+    metadata_size_with(md, &[])
+}
+
+/// [`metadata_size`] of `md` followed by the `extra` entries.
+fn metadata_size_with(md: &HeaderMap, extra: &[(&str, &[u8])]) -> (usize, usize) {
     let mut wire = 2;
     let mut counted = 0;
-    for (k, v) in md {
-        wire += 2 + k.as_str().len() + 4 + v.len();
-        counted += k.as_str().len() + v.len();
+    let entries = md
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_bytes()))
+        .chain(extra.iter().copied());
+    for (k, v) in entries {
+        wire += 2 + k.len() + 4 + v.len();
+        counted += k.len() + v.len();
     }
     (wire, counted)
+}
+
+/// [`check_metadata`] of `md` followed by the `extra` entries.
+fn check_metadata_with(
+    md: &HeaderMap,
+    extra: &[(&str, &[u8])],
+    limit: usize,
+) -> Result<usize, MetadataError> {
+    let count = md.len() + extra.len();
+    if count > MAX_METADATA_ENTRIES {
+        return Err(MetadataError::TooManyEntries {
+            count,
+            max: MAX_METADATA_ENTRIES,
+        });
+    }
+    let got = metadata_size_with(md, extra).1;
+    if got > limit {
+        return Err(MetadataError::TooLarge { got, limit });
+    }
+    Ok(got)
 }
 
 /// Bytes a metadata map counts against `max_metadata_bytes` (names + values).
@@ -277,21 +306,30 @@ pub fn metadata_bytes(md: &HeaderMap) -> usize {
 /// Writes a metadata block (§1.3). `md` has passed [`check_metadata`], so the
 /// count fits in u16; a header name is at most 64 KiB - 1 (`http`'s limit) and
 /// a value's length fits in u32 (checked all the same, never truncated).
-fn put_metadata(b: &mut BytesMut, md: &HeaderMap) -> Result<(), MetadataError> {
+fn put_metadata(
+    b: &mut BytesMut,
+    md: &HeaderMap,
+    extra: &[(&str, &[u8])],
+) -> Result<(), MetadataError> {
+    let count = md.len() + extra.len();
     let too_many = || MetadataError::TooManyEntries {
-        count: md.len(),
+        count,
         max: MAX_METADATA_ENTRIES,
     };
-    b.put_u16(u16::try_from(md.len()).map_err(|_| too_many())?);
-    for (k, v) in md {
+    b.put_u16(u16::try_from(count).map_err(|_| too_many())?);
+    let entries = md
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_bytes()))
+        .chain(extra.iter().copied());
+    for (k, v) in entries {
         let too_large = || MetadataError::TooLarge {
-            got: metadata_bytes(md),
+            got: metadata_size_with(md, extra).1,
             limit: u32::MAX as usize,
         };
-        b.put_u16(u16::try_from(k.as_str().len()).map_err(|_| too_large())?);
-        b.put_slice(k.as_str().as_bytes());
+        b.put_u16(u16::try_from(k.len()).map_err(|_| too_large())?);
+        b.put_slice(k.as_bytes());
         b.put_u32(u32::try_from(v.len()).map_err(|_| too_large())?);
-        b.put_slice(v.as_bytes());
+        b.put_slice(v);
     }
     Ok(())
 }
@@ -324,8 +362,23 @@ pub fn encode_open(
     end_stream: bool,
     limit: usize,
 ) -> Result<Bytes, MetadataError> {
-    check_metadata(md, limit)?;
-    let (mdlen, _) = metadata_size(md);
+    encode_open_with(stream, path, timeout, md, &[], end_stream, limit)
+}
+
+/// [`encode_open`] with `extra` metadata entries after `md`'s (valid
+/// lowercase names and values, e.g. a default `user-agent`), without
+/// adding them to a map.
+pub fn encode_open_with(
+    stream: u32,
+    path: &str,
+    timeout: Option<Duration>,
+    md: &HeaderMap,
+    extra: &[(&str, &[u8])],
+    end_stream: bool,
+    limit: usize,
+) -> Result<Bytes, MetadataError> {
+    check_metadata_with(md, extra, limit)?;
+    let (mdlen, _) = metadata_size_with(md, extra);
     arena::build(HEADER_LEN + 8 + 2 + path.len() + mdlen, |b| {
         header(
             b,
@@ -336,7 +389,7 @@ pub fn encode_open(
         let micros = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
         b.put_u64(micros);
         put_string(b, path);
-        put_metadata(b, md)
+        put_metadata(b, md, extra)
     })
 }
 
@@ -349,11 +402,24 @@ pub fn encode_metadata_frame(
     md: &HeaderMap,
     limit: usize,
 ) -> Result<Bytes, MetadataError> {
-    check_metadata(md, limit)?;
-    let (mdlen, _) = metadata_size(md);
+    encode_metadata_frame_with(kind, stream, md, &[], limit)
+}
+
+/// [`encode_metadata_frame`] with `extra` entries after `md`'s (valid
+/// lowercase names and values, e.g. `grpc-status: 0`), without adding
+/// them to a map.
+pub fn encode_metadata_frame_with(
+    kind: u8,
+    stream: u32,
+    md: &HeaderMap,
+    extra: &[(&str, &[u8])],
+    limit: usize,
+) -> Result<Bytes, MetadataError> {
+    check_metadata_with(md, extra, limit)?;
+    let (mdlen, _) = metadata_size_with(md, extra);
     arena::build(HEADER_LEN + mdlen, |b| {
         header(b, kind, 0, stream);
-        put_metadata(b, md)
+        put_metadata(b, md, extra)
     })
 }
 

@@ -8,6 +8,7 @@
 pub(crate) mod body;
 pub(crate) mod config;
 pub(crate) mod frame;
+pub(crate) mod message;
 pub(crate) mod misbehaved;
 pub(crate) mod session;
 pub(crate) mod timeout;

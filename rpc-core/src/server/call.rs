@@ -204,7 +204,7 @@ async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall
 /// `local_addr()` answer with the RDMA peer's and this side's IP:port) and,
 /// on a connection admitted through TLS, the TLS peer's `TlsConnectInfo`
 /// (so `peer_certs()` answers); and the [`ConnInfo`].
-fn insert_conn_info(ext: &mut http::Extensions, info: &ConnInfo) {
+pub(super) fn insert_conn_info(ext: &mut http::Extensions, info: &ConnInfo) {
     if info.peer.is_some() || info.local.is_some() {
         ext.insert(tonic::transport::server::TcpConnectInfo {
             local_addr: info.local,
@@ -236,9 +236,9 @@ pub(crate) fn call_head(call: &OpenCall) -> http::Request<()> {
 /// gets INTERNAL instead of waiting for an answer that never comes. An
 /// aborted handler (the client's RESET, the connection's end) finds its call
 /// already gone: nothing is sent.
-struct EndCall {
-    shared: Arc<Shared>,
-    stream: u32,
+pub(super) struct EndCall {
+    pub(super) shared: Arc<Shared>,
+    pub(super) stream: u32,
 }
 
 impl Drop for EndCall {
@@ -254,7 +254,7 @@ impl Drop for EndCall {
     }
 }
 
-fn send_status(shared: &Shared, stream: u32, status: Status) {
+pub(super) fn send_status(shared: &Shared, stream: u32, status: Status) {
     let mut md = http::HeaderMap::new();
     if status.add_header(&mut md).is_err() {
         md.insert("grpc-status", http::HeaderValue::from(status.code() as i32));
@@ -268,7 +268,7 @@ fn send_status(shared: &Shared, stream: u32, status: Status) {
 /// this call fails, with a RESET (RESOURCE_EXHAUSTED) that names the limit,
 /// the size and the status the handler meant to send. Returns whether the
 /// frame was sent.
-fn send_metadata(shared: &Shared, stream: u32, kind: u8, md: &http::HeaderMap) -> bool {
+pub(super) fn send_metadata(shared: &Shared, stream: u32, kind: u8, md: &http::HeaderMap) -> bool {
     let limit = shared.peer.max_metadata_bytes as usize;
     match frame::encode_metadata_frame(kind, stream, md, limit) {
         Ok(f) => {

@@ -21,6 +21,7 @@ use tonic::body::Body;
 use tower::{Service, ServiceExt};
 
 use super::call::{start_call, CallSvc};
+use super::generated::{methods_of, Methods, ServerCall};
 use crate::hash::FastState;
 use crate::protocol::session::{CallFuture, OpenCall, Shared};
 
@@ -32,8 +33,15 @@ use crate::protocol::session::{CallFuture, OpenCall, Shared};
 /// session's ([`CallFuture`]): no boxed service, no boxed service future, no
 /// second body wrapper per call.
 pub(crate) trait StartCall: Send + Sync {
-    fn start(&self, shared: Arc<Shared>, call: OpenCall, span: Option<tracing::Span>)
-        -> CallFuture;
+    /// `generated`: a call the direct path can serve goes there
+    /// ([`Generated`]); `false` sends every call through tonic's.
+    fn start(
+        &self,
+        shared: Arc<Shared>,
+        call: OpenCall,
+        span: Option<tracing::Span>,
+        generated: bool,
+    ) -> CallFuture;
 }
 
 /// A service added with `add_service`, as a [`StartCall`].
@@ -50,9 +58,51 @@ where
         shared: Arc<Shared>,
         call: OpenCall,
         span: Option<tracing::Span>,
+        _generated: bool,
     ) -> CallFuture {
         start_call(ByName(self.0.clone()), shared, call, span)
     }
+}
+
+/// A service compiled with `rpc_codegen` (its type registered its
+/// [`Methods`]): the calls the direct path serves go straight to the
+/// generated methods (`super::generated`), the others to tonic's path.
+struct Generated<S> {
+    methods: Arc<dyn Methods>,
+    named: Named<S>,
+}
+
+impl<S> StartCall for Generated<S>
+where
+    Named<S>: StartCall,
+{
+    fn start(
+        &self,
+        shared: Arc<Shared>,
+        call: OpenCall,
+        span: Option<tracing::Span>,
+        generated: bool,
+    ) -> CallFuture {
+        // A compressed request is decoded by tonic's codec.
+        if generated && !call.metadata.contains_key(GRPC_ENCODING) {
+            if let Some(index) = method_name(&call.path).and_then(|m| self.methods.method(m)) {
+                return self
+                    .methods
+                    .call(index, ServerCall { shared, call, span })
+                    .0;
+            }
+        }
+        self.named.start(shared, call, span, false)
+    }
+}
+
+const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+
+/// `Method` of `/package.Service/Method`.
+fn method_name(path: &[u8]) -> Option<&[u8]> {
+    let rest = path.strip_prefix(b"/")?;
+    let slash = rest.iter().position(|&b| b == b'/')?;
+    Some(&rest[slash + 1..])
 }
 
 /// One call's copy of a service added by name.
@@ -105,7 +155,14 @@ impl Direct {
         S::Response: axum::response::IntoResponse,
         S::Future: Send + 'static,
     {
-        Arc::make_mut(&mut self.by_name).insert(name.as_bytes(), Arc::new(Named(svc)));
+        let start: Arc<dyn StartCall> = match methods_of(&svc) {
+            Some(methods) => Arc::new(Generated {
+                methods,
+                named: Named(svc),
+            }),
+            None => Arc::new(Named(svc)),
+        };
+        Arc::make_mut(&mut self.by_name).insert(name.as_bytes(), start);
     }
 
     /// The service a call to `path` (`/package.Service/Method`) goes to, if

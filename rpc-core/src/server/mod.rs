@@ -7,6 +7,7 @@
 
 pub(crate) mod call;
 pub(crate) mod dispatch;
+pub(crate) mod generated;
 pub(crate) mod layers;
 pub(crate) mod rdma;
 pub(crate) mod router;
@@ -59,6 +60,9 @@ pub struct Server {
     layers: Option<LayerFn>,
     rdma_config: Option<rdma_transport::Config>,
     rdma_port: Option<u16>,
+    /// Calls to services compiled with `rpc_codegen` take the direct path
+    /// on message connections.
+    direct_path: bool,
 }
 
 impl Default for Server {
@@ -82,6 +86,7 @@ impl Default for Server {
             layers: None,
             rdma_config: None,
             rdma_port: None,
+            direct_path: true,
         }
     }
 }
@@ -98,6 +103,7 @@ impl std::fmt::Debug for Server {
             .field("layers", &self.layers.is_some())
             .field("rdma_config", &self.rdma_config)
             .field("rdma_port", &self.rdma_port)
+            .field("direct_path", &self.direct_path)
             .field("tls", &self.tls)
             .field("trace_fn", &self.trace.is_some())
             .field("max_connection_age", &self.max_connection_age)
@@ -171,6 +177,18 @@ impl Server {
     /// Default: the transport's defaults with `max_message_bytes` = 16 MiB.
     pub fn rdma_config(mut self, c: rdma_transport::Config) -> Self {
         self.rdma_config = Some(c);
+        self
+    }
+
+    /// Whether calls on message connections (RDMA, in-memory) to services
+    /// compiled with `rpc_codegen` take the direct path: the request decoded
+    /// from the received bytes and the user's trait method called without
+    /// tonic's server machinery (`docs/architecture.md`, "The direct path").
+    /// Default: `true`. `false` serves every call as tonic's server does
+    /// (on TCP that is always the case). The bytes on the wire, and what the
+    /// handler and the client see, are the same either way.
+    pub fn direct_path(mut self, enable: bool) -> Self {
+        self.direct_path = enable;
         self
     }
 

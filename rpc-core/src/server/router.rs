@@ -52,6 +52,13 @@ impl Router {
         self
     }
 
+    /// As [`Server::direct_path`], on a router already made.
+    #[must_use]
+    pub fn direct_path(mut self, enable: bool) -> Router {
+        self.server.direct_path = enable;
+        self
+    }
+
     /// Adds the service if `Some` (as tonic's `Router::add_optional_service`).
     pub fn add_optional_service<S>(self, svc: Option<S>) -> Router
     where
@@ -440,6 +447,7 @@ impl Router {
             )))),
         };
         let default_timeout = self.server.timeout;
+        let generated = self.server.direct_path;
         let trace = self.server.trace.clone();
         Acceptor {
             accept: Arc::new(move |shared: Arc<Shared>, mut call: OpenCall| {
@@ -452,7 +460,7 @@ impl Router {
                 // future copied it three times, ~2 k instructions per call).
                 let span = trace.as_ref().map(|f| f(&call_head(&call)));
                 match direct.get(&call.path) {
-                    Some(named) => named.start(shared, call, span),
+                    Some(named) => named.start(shared, call, span, generated),
                     None => start_call(svc.clone(), shared, call, span),
                 }
             }),

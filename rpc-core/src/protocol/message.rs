@@ -1,0 +1,274 @@
+//! gRPC's length-prefixed messages (a flag byte and a 4-byte big-endian
+//! length before each protobuf message) as the generated direct path
+//! encodes and reads them, without tonic's codec buffers. The bytes on
+//! the wire are the ones tonic's codec writes and reads, with the same
+//! errors for the same faults (an oversized message, a compressed flag
+//! without an encoding, a truncated message).
+
+use crate::protocol::body::RecvBody;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use tonic::Status;
+
+/// tonic's default limit on a decoded message (4 MiB), which applies when
+/// the generated code sets none.
+pub(crate) const DEFAULT_MAX_DECODE: usize = 4 * 1024 * 1024;
+
+/// The 5-byte prefix of every message.
+pub(crate) const PREFIX_LEN: usize = 5;
+
+/// Messages up to this size (prefix included) are encoded into the
+/// thread's frame buffer: they are copied into a DATA frame at once.
+const ARENA_MAX: usize = crate::arena::MAX_PIECE;
+
+/// `msg` behind its prefix, or tonic's OUT_OF_RANGE error when it is larger
+/// than `limit` (`max_encoding_message_size`).
+pub(crate) fn encode<M: prost::Message>(msg: &M, limit: Option<usize>) -> Result<Bytes, Status> {
+    let len = msg.encoded_len();
+    let limit = limit.unwrap_or(usize::MAX);
+    if len > limit {
+        return Err(Status::out_of_range(format!(
+            "Error, encoded message length too large: found {len} bytes, the limit is: {limit} bytes"
+        )));
+    }
+    let len32 = u32::try_from(len).map_err(|_| {
+        Status::resource_exhausted(format!(
+            "a message of {len} bytes does not fit gRPC's 4-byte length"
+        ))
+    })?;
+    let write = |b: &mut BytesMut| {
+        b.put_u8(0);
+        b.put_u32(len32);
+        // The buffer has room for the encoded length: prost cannot fail.
+        msg.encode(b)
+            .map_err(|e| Status::internal(format!("encoding a message: {e}")))
+    };
+    if PREFIX_LEN + len <= ARENA_MAX {
+        crate::arena::build(PREFIX_LEN + len, write)
+    } else {
+        let mut b = BytesMut::with_capacity(PREFIX_LEN + len);
+        write(&mut b)?;
+        Ok(b.freeze())
+    }
+}
+
+/// Reads whole messages from a call's body: a message that came in one
+/// DATA frame is a slice of it (no copy), one spread over several frames
+/// is gathered once. `what` names the direction in errors (`"request"` or
+/// `"response"`), as tonic's decoder does.
+pub(crate) struct Reader {
+    limit: usize,
+    /// Bytes received and not yet part of a returned message.
+    buf: BytesMut,
+    /// The first frame of the pending bytes, kept as it came while nothing
+    /// else arrived (so that a message inside it is a slice, not a copy).
+    whole: Option<Bytes>,
+}
+
+/// What the body held after the last message.
+pub(crate) enum End {
+    /// The trailers that ended it (client side: the call's status).
+    Trailers(http::HeaderMap),
+    /// The end of the request stream (server side).
+    Eof,
+}
+
+impl Reader {
+    pub(crate) fn new(limit: Option<usize>) -> Reader {
+        Reader {
+            limit: limit.unwrap_or(DEFAULT_MAX_DECODE),
+            buf: BytesMut::new(),
+            whole: None,
+        }
+    }
+
+    fn pending(&self) -> usize {
+        self.whole.as_ref().map_or(0, Bytes::len) + self.buf.len()
+    }
+
+    /// Moves `whole` into `buf` before more bytes are appended.
+    fn gather(&mut self, more: &[u8]) {
+        if let Some(w) = self.whole.take() {
+            self.buf.reserve(w.len() + more.len());
+            self.buf.extend_from_slice(&w);
+        }
+        self.buf.extend_from_slice(more);
+    }
+
+    /// The next whole message's bytes (prefix removed), if the pending
+    /// bytes hold one; a prefix that breaks the rules is an error.
+    fn take(&mut self) -> Result<Option<Bytes>, Status> {
+        let head: [u8; PREFIX_LEN] = {
+            let src: &[u8] = match &self.whole {
+                Some(w) => w,
+                None => &self.buf,
+            };
+            match src.get(..PREFIX_LEN) {
+                Some(h) => h.try_into().unwrap_or([0; PREFIX_LEN]),
+                None => return Ok(None),
+            }
+        };
+        match head[0] {
+            0 => {}
+            1 => {
+                return Err(Status::internal(
+                    "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+                ))
+            }
+            f => {
+                return Err(Status::internal(format!(
+                    "protocol error: received message with invalid compression flag: {f} (valid flags are 0 and 1)"
+                )))
+            }
+        }
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        if len > self.limit {
+            return Err(Status::out_of_range(format!(
+                "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
+                self.limit
+            )));
+        }
+        if self.pending() < PREFIX_LEN + len {
+            return Ok(None);
+        }
+        let msg = match &mut self.whole {
+            Some(w) => {
+                w.advance(PREFIX_LEN);
+                let m = w.split_to(len);
+                if w.is_empty() {
+                    self.whole = None;
+                }
+                m
+            }
+            None => {
+                self.buf.advance(PREFIX_LEN);
+                self.buf.split_to(len).freeze()
+            }
+        };
+        Ok(Some(msg))
+    }
+
+    /// The next message from `body`, decoded; `Ok(Err(end))` when the body
+    /// ended instead (its trailers, or the end of the request stream).
+    pub(crate) async fn next<M: prost::Message + Default>(
+        &mut self,
+        body: &mut RecvBody,
+    ) -> Result<Result<M, End>, Status> {
+        loop {
+            if let Some(bytes) = self.take()? {
+                return M::decode(bytes).map(Ok).map_err(|e| {
+                    Status::internal(format!("failed to decode Protobuf message: {e}"))
+                });
+            }
+            match body.frame().await {
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(d) => {
+                        if self.whole.is_none() && self.buf.is_empty() {
+                            self.whole = Some(d);
+                        } else {
+                            self.gather(&d);
+                        }
+                    }
+                    Err(f) => {
+                        let trailers = f.into_trailers().unwrap_or_default();
+                        self.check_empty()?;
+                        return Ok(Err(End::Trailers(trailers)));
+                    }
+                },
+                Some(Err(status)) => return Err(status),
+                None => {
+                    self.check_empty()?;
+                    return Ok(Err(End::Eof));
+                }
+            }
+        }
+    }
+
+    /// The body ended: bytes of an unfinished message are an error.
+    fn check_empty(&self) -> Result<(), Status> {
+        if self.pending() == 0 {
+            Ok(())
+        } else {
+            Err(Status::internal(format!(
+                "protocol error: the stream ended inside a message ({} bytes of it received)",
+                self.pending()
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Pair {
+        #[prost(int64, tag = "1")]
+        seconds: i64,
+        #[prost(int32, tag = "2")]
+        nanos: i32,
+    }
+
+    #[test]
+    fn encodes_behind_the_prefix_and_enforces_the_limit() {
+        let msg = Pair {
+            seconds: 7,
+            nanos: 9,
+        };
+        let b = encode(&msg, None).unwrap();
+        assert_eq!(b[0], 0);
+        let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
+        assert_eq!(len, prost::Message::encoded_len(&msg));
+        assert_eq!(b.len(), PREFIX_LEN + len);
+        let back: Pair = prost::Message::decode(&b[PREFIX_LEN..]).unwrap();
+        assert_eq!(back, msg);
+        let e = encode(&msg, Some(1)).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::OutOfRange);
+        assert!(e.message().contains("the limit is: 1 bytes"), "{e}");
+    }
+
+    #[test]
+    fn takes_messages_whole_split_or_several_per_frame() {
+        let mut framed = BytesMut::new();
+        for n in [3usize, 0, 10] {
+            framed.put_u8(0);
+            framed.put_u32(n as u32);
+            framed.put_bytes(n as u8, n);
+        }
+        let framed = framed.freeze();
+        // All in one frame: three slices of it.
+        let mut r = Reader::new(None);
+        r.whole = Some(framed.clone());
+        let got: Vec<Bytes> = std::iter::from_fn(|| r.take().unwrap()).collect();
+        assert_eq!(got.iter().map(Bytes::len).collect::<Vec<_>>(), [3, 0, 10]);
+        assert_eq!(r.pending(), 0);
+        // Byte by byte: the same messages, each once complete.
+        let mut r = Reader::new(None);
+        let mut got = vec![];
+        for i in 0..framed.len() {
+            r.gather(&framed[i..i + 1]);
+            while let Some(m) = r.take().unwrap() {
+                got.push(m);
+            }
+        }
+        assert_eq!(got.iter().map(Bytes::len).collect::<Vec<_>>(), [3, 0, 10]);
+        assert!(got[2].iter().all(|&b| b == 10));
+    }
+
+    #[test]
+    fn refuses_what_tonic_refuses() {
+        let mut r = Reader::new(Some(4));
+        r.whole = Some(Bytes::from_static(&[0, 0, 0, 0, 5, 1, 2, 3, 4, 5]));
+        assert_eq!(r.take().unwrap_err().code(), tonic::Code::OutOfRange);
+        let mut r = Reader::new(None);
+        r.whole = Some(Bytes::from_static(&[1, 0, 0, 0, 0]));
+        assert_eq!(r.take().unwrap_err().code(), tonic::Code::Internal);
+        let mut r = Reader::new(None);
+        r.whole = Some(Bytes::from_static(&[7, 0, 0, 0, 0]));
+        assert!(r.take().unwrap_err().message().contains("flag: 7"));
+        let mut r = Reader::new(None);
+        r.whole = Some(Bytes::from_static(&[0, 0, 0, 0, 9, 1]));
+        assert!(r.take().unwrap().is_none());
+        assert_eq!(r.check_empty().unwrap_err().code(), tonic::Code::Internal);
+    }
+}
