@@ -1051,7 +1051,7 @@ mod tests {
         let dir = generate(
             "noclient",
             configure().build_client(false),
-            Options::default().lean_codec(false),
+            Options::default().lean_codec(false).direct_path(false),
         )
         .unwrap();
         let code = read(&dir, "helloworld.rs");
@@ -1062,11 +1062,56 @@ mod tests {
     }
 
     #[test]
+    fn clients_and_servers_get_the_direct_path() {
+        let dir = generate("direct", configure(), Options::default()).unwrap();
+        let code = read(&dir, "helloworld.rs");
+        for part in [
+            "direct: ::rpc_core::direct::Client,",
+            "let direct = ::rpc_core::direct::Client::of(&mut inner);",
+            "self.direct = self.direct.max_decoding_message_size(limit);",
+            "return direct.unary(\"/helloworld.Greeter/SayHello\", request.into_request()).await;",
+            "impl<T: Greeter> GreeterServer<T> {",
+            "::rpc_core::direct::register::<Self>(Self::direct_methods);",
+            "b\"SayHello\" => ::core::option::Option::Some(0usize),",
+            "<T as Greeter>::say_hello(&inner, request).await",
+        ] {
+            assert!(code.contains(part), "{part} in {code}");
+        }
+        // Edited once: a second pass changes nothing.
+        let services =
+            &services_by_file(&protox::compile(["helloworld.proto"], [proto_root()]).unwrap())
+                ["helloworld.rs"];
+        assert_eq!(
+            direct::add_to_clients(&code, services, "::rpc_core").unwrap(),
+            code
+        );
+        assert_eq!(
+            direct::add_to_servers(&code, services, "::rpc_core").unwrap(),
+            code
+        );
+        // A form that is not found is an error naming it, not an unedited client.
+        let plain = generate(
+            "direct-off",
+            configure(),
+            Options::default().direct_path(false),
+        )
+        .unwrap();
+        let plain = read(&plain, "helloworld.rs");
+        assert!(!plain.contains("::direct::"), "{plain}");
+        let changed = plain.replace("Self { inner }", "Self { inner: inner }");
+        let e = direct::add_to_clients(&changed, services, "::rpc_core").unwrap_err();
+        assert!(e.contains("the constructor"), "{e}");
+    }
+
+    #[test]
     fn rdma_connect_off_keeps_tonic_connect() {
         let dir = generate(
             "tonicconnect",
             configure(),
-            Options::default().rdma_connect(false).lean_codec(false),
+            Options::default()
+                .rdma_connect(false)
+                .lean_codec(false)
+                .direct_path(false),
         )
         .unwrap();
         let code = read(&dir, "helloworld.rs");
