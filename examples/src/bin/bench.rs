@@ -1,5 +1,10 @@
 //! Benchmark of unary calls: our RDMA path, our TCP path, the in-memory path
-//! and plain tonic over TCP, against one in-process echo server.
+//! and plain tonic over TCP, against an in-process echo server.
+//!
+//! `rdma` and `memory` take tonic's client and server (`direct_path(false)`
+//! on both sides: the tonic-stub path); `direct` and `direct-memory` are the
+//! same transports with the direct path (`rpc_core::direct`), served by a
+//! second server beside the first (same address, another port).
 //!
 //! Every cell (payload size × calls in flight) reports latency percentiles
 //! (hdrhistogram, per call), calls/s, bandwidth and CPU time per call.
@@ -16,6 +21,7 @@
 //! ```text
 //! bench --paths rdma,tcp-fallback,tonic-tcp --duration-ms 1000 --markdown out.md
 //! bench --paths memory,tonic-tcp --payloads 64 --inflight 1 --iters 10000
+//! bench --paths direct-memory,memory --payloads 64 --inflight 1 --iters 10000
 //! bench --quick --paths memory,tcp-fallback,tonic-tcp          # CI smoke
 //! ```
 //! Figures go to stdout (markdown tables), progress to stderr. No figure is
@@ -66,20 +72,28 @@ const CELLS: &[(usize, &[usize])] = &[
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 enum PathKind {
-    /// Our `Channel`, `Transport::RdmaOnly`.
+    /// Our `Channel`, `Transport::RdmaOnly`, every call through tonic's
+    /// client and server (`direct_path(false)` on both sides).
     Rdma,
+    /// As `Rdma`, with the direct path (`rpc_core::direct`) on both sides.
+    Direct,
     /// Our `Channel`, `Transport::TcpOnly` (HTTP/2 through our wrapper).
     TcpFallback,
     /// Plain `tonic::transport::Channel` to the same server.
     TonicTcp,
-    /// Our call protocol over an in-memory connection (`Router::into_memory`).
+    /// Our call protocol over an in-memory connection (`Router::into_memory`),
+    /// through tonic's client and server.
     Memory,
+    /// As `Memory`, with the direct path on both sides.
+    DirectMemory,
 }
 
 impl PathKind {
     fn name(self) -> &'static str {
         match self {
             PathKind::Rdma => "rdma",
+            PathKind::Direct => "direct",
+            PathKind::DirectMemory => "direct-memory",
             PathKind::TcpFallback => "tcp-fallback",
             PathKind::TonicTcp => "tonic-tcp",
             PathKind::Memory => "memory",
@@ -95,9 +109,11 @@ impl FromStr for PathKind {
             "tcp-fallback" | "tcp" => PathKind::TcpFallback,
             "tonic-tcp" | "tonic" => PathKind::TonicTcp,
             "memory" | "mem" => PathKind::Memory,
+            "direct" => PathKind::Direct,
+            "direct-memory" => PathKind::DirectMemory,
             o => {
                 return Err(format!(
-                    "unknown path {o:?}: expected rdma, tcp-fallback, tonic-tcp or memory"
+                    "unknown path {o:?}: expected rdma, direct, tcp-fallback, tonic-tcp, memory or direct-memory"
                 ))
             }
         })
@@ -120,7 +136,9 @@ fn parse_size(s: &str) -> Result<usize, String> {
 }
 
 #[derive(Parser, Debug)]
-#[command(about = "Unary echo benchmark: rdma, tcp-fallback, memory and tonic-tcp paths")]
+#[command(
+    about = "Unary echo benchmark: rdma, direct, tcp-fallback, tonic-tcp, memory and direct-memory paths"
+)]
 struct Args {
     /// Address to serve on (port 0 = any free port). In the Soft-RoCE VM use $SOFTROCE_IP:0.
     #[arg(long, default_value = "127.0.0.1:0")]
@@ -673,7 +691,7 @@ async fn run_cell(
             };
             result.allocs_per_call = ours(|x| x.0, a1.0, a0.0) as f64 / nf;
             result.alloc_bytes_per_call = ours(|x| x.1, a1.1, a0.1) as f64 / nf;
-            if path == PathKind::Rdma {
+            if matches!(path, PathKind::Rdma | PathKind::Direct) {
                 result.rdma = Some(rdma_delta(&rdma0, &rdma1, n));
             }
         }
@@ -1008,21 +1026,46 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             .max_decoding_message_size(MAX_MSG)
             .max_encoding_message_size(MAX_MSG),
     );
+    // The tonic-stub rows (`rdma`, `memory`) are served with the direct path
+    // off, the `direct` rows by a server with it on (the default).
+    let tonic_router = router.clone().direct_path(false);
     let memory = args
         .paths
         .contains(&PathKind::Memory)
+        .then(|| tonic_router.clone().into_memory());
+    let direct_memory = args
+        .paths
+        .contains(&PathKind::DirectMemory)
         .then(|| router.clone().into_memory());
-    let net = args.paths.iter().any(|p| *p != PathKind::Memory);
-    let server = if net {
-        let s = router.start(args.addr).await?;
+    let net = args.paths.iter().any(|p| {
+        !matches!(
+            p,
+            PathKind::Memory | PathKind::DirectMemory | PathKind::Direct
+        )
+    });
+    let announce = |s: &rpc_core::ServingHandle, what: &str| {
         eprintln!(
-            "server: {} (HTTP/2 on TCP){}",
+            "{what}: {} (HTTP/2 on TCP){}",
             s.local_addr(),
             match s.rdma_addr() {
                 Some(a) => format!(" and {a} (RDMA)"),
                 None => ", no RDMA listener".into(),
             }
-        );
+        )
+    };
+    let server = if net {
+        let s = tonic_router.start(args.addr).await?;
+        announce(&s, "server");
+        Some(s)
+    } else {
+        None
+    };
+    let direct_server = if args.paths.contains(&PathKind::Direct) {
+        // Beside the other one: same address, another port.
+        let s = router
+            .start(std::net::SocketAddr::new(args.addr.ip(), 0))
+            .await?;
+        announce(&s, "server (direct path)");
         Some(s)
     } else {
         None
@@ -1031,23 +1074,28 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut infos = Vec::new();
     let mut results = Vec::new();
     for &path in &args.paths {
-        let addr = server.as_ref().map(|s| s.local_addr().to_string());
+        let serving = match path {
+            PathKind::Direct => direct_server.as_ref(),
+            _ => server.as_ref(),
+        };
+        let addr = serving.map(|s| s.local_addr().to_string());
         let client: Result<(Client, String), String> = match path {
-            PathKind::Rdma => {
+            PathKind::Rdma | PathKind::Direct => {
                 let devs = rdma_transport::devices().map_err(|e| e.to_string());
                 match devs {
                     Err(e) => Err(format!("listing RDMA devices failed: {e}")),
                     Ok(d) if d.is_empty() => Err(
                         "no RDMA device on this host (rdma_transport::devices() is empty)".into(),
                     ),
-                    Ok(_) if server.as_ref().and_then(|s| s.rdma_addr()).is_none() => Err(format!(
+                    Ok(_) if serving.and_then(|s| s.rdma_addr()).is_none() => Err(format!(
                         "the server has no RDMA listener on {} (address not on an RDMA device?)",
                         args.addr
                     )),
                     Ok(_) => {
                         let mut b = Channel::from_shared(addr.clone().unwrap().to_string())
                             .unwrap()
-                            .transport(Transport::RdmaOnly);
+                            .transport(Transport::RdmaOnly)
+                            .direct_path(path == PathKind::Direct);
                         if let Some(c) = args.rdma_config() {
                             b = b.rdma_config(c);
                         }
@@ -1087,13 +1135,19 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                     Err(e) => Err(format!("tonic connect failed: {e}")),
                 }
             }
-            PathKind::Memory => match memory.as_ref().unwrap().channel().await {
-                Ok(c) => {
-                    let t = c.transport().to_string();
-                    Ok((ours(c), t))
+            PathKind::Memory | PathKind::DirectMemory => {
+                let (m, direct) = match path {
+                    PathKind::Memory => (memory.as_ref(), false),
+                    _ => (direct_memory.as_ref(), true),
+                };
+                match m.unwrap().channel().await {
+                    Ok(c) => {
+                        let t = c.transport().to_string();
+                        Ok((ours(c.direct_path(direct)), t))
+                    }
+                    Err(e) => Err(format!("in-memory channel failed: {e}")),
                 }
-                Err(e) => Err(format!("in-memory channel failed: {e}")),
-            },
+            }
         };
         let (client, transport) = match client {
             Ok(c) => c,
@@ -1133,10 +1187,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         });
         std::fs::write(f, serde_json::to_string_pretty(&doc)?)?;
     }
-    if let Some(s) = server {
+    for s in [server, direct_server].into_iter().flatten() {
         s.abort().await;
     }
-    if let Some(m) = memory {
+    for m in [memory, direct_memory].into_iter().flatten() {
         let _ = tokio::time::timeout(Duration::from_secs(2), m.shutdown()).await;
     }
     let failed = results.iter().filter(|r| r.error.is_some()).count();
