@@ -323,6 +323,12 @@ pub(super) async fn msg_call(
                 *resp.headers_mut() = t;
                 Ok(resp)
             }
+            Some(Inbound::TrailersOk) => {
+                guard.done = true;
+                let mut resp = http::Response::new(Body::empty());
+                *resp.headers_mut() = crate::protocol::session::ok_trailers();
+                Ok(resp)
+            }
             Some(Inbound::Reset(s)) => {
                 guard.done = true;
                 Err(s)

@@ -383,6 +383,7 @@ async fn first(
     let r = match rx.recv().await {
         Some(Inbound::Headers(h)) => return Ok(Ok(h)),
         Some(Inbound::Trailers(t)) => return Ok(Err(t)),
+        Some(Inbound::TrailersOk) => return Ok(Err(crate::protocol::session::ok_trailers())),
         Some(Inbound::Reset(s)) => Err(s),
         Some(other) => {
             let st = Status::internal(format!("protocol error: response began with {other:?}"));
@@ -432,23 +433,37 @@ async fn read_unary<Resp: prost::Message + Default>(
                 _ => Status::internal("Missing response message."),
             });
         }
-        Ok(Err(End::Eof)) => return Err(Status::internal("Missing response message.")),
+        Ok(Err(End::TrailersOk | End::Eof)) => {
+            return Err(Status::internal("Missing response message."))
+        }
         Err(st) => return Err(with_headers(&headers, st)),
     };
     // Then the trailers (further messages, which a unary call does not
-    // have, are read past as tonic does).
-    let trailers = loop {
+    // have, are read past as tonic does). They join the headers as
+    // tonic's client merges them (`grpc-status` included).
+    loop {
         match reader.next::<Resp>(&mut body).await {
             Ok(Ok(_)) => continue,
-            Ok(Err(End::Trailers(t))) => break t,
-            Ok(Err(End::Eof)) => break http::HeaderMap::new(),
+            Ok(Err(End::TrailersOk)) => {
+                // The room for it was kept when the headers were decoded.
+                headers.insert(
+                    const { http::HeaderName::from_static("grpc-status") },
+                    http::HeaderValue::from_static("0"),
+                );
+                break;
+            }
+            Ok(Err(End::Trailers(t))) => {
+                let ok = t.get("grpc-status").is_none_or(|v| v == "0");
+                headers.extend(t);
+                if !ok {
+                    if let Some(st) = Status::from_header_map(&headers) {
+                        return Err(st);
+                    }
+                }
+                break;
+            }
+            Ok(Err(End::Eof)) => break,
             Err(st) => return Err(with_headers(&headers, st)),
-        }
-    };
-    headers.extend(trailers);
-    if let Some(st) = Status::from_header_map(&headers) {
-        if st.code() != Code::Ok {
-            return Err(st);
         }
     }
     let mut ext = http::Extensions::new();

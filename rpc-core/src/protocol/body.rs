@@ -1,7 +1,7 @@
 //! The HTTP body a call's inbound queue presents to tonic: the server's
 //! request body and the client's response body.
 
-use crate::protocol::session::{CallGuard, Inbound, InboundRx, Shared};
+use crate::protocol::session::{ok_trailers, CallGuard, Inbound, InboundRx, Shared};
 use bytes::Bytes;
 use http_body::Frame;
 use std::pin::Pin;
@@ -134,6 +134,61 @@ impl Drop for RecvBody {
     }
 }
 
+/// What a body hands out next ([`RecvBody::part`]).
+pub(crate) enum Part {
+    Data(Bytes),
+    Trailers(http::HeaderMap),
+    /// Trailers of only `grpc-status: 0`, not made into a map.
+    TrailersOk,
+}
+
+impl RecvBody {
+    /// The next part of the body: data, or the trailers that end it;
+    /// `None` at the end of a request stream.
+    pub(crate) fn poll_part(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Part, Status>>> {
+        if let Some(rest) = self.pending.take() {
+            return Poll::Ready(Some(Ok(Part::Data(self.hand_out(rest)))));
+        }
+        loop {
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match ready!(self.rx.poll_recv(cx)) {
+                Some(Inbound::Data(b)) => {
+                    return Poll::Ready(Some(Ok(Part::Data(self.hand_out(b)))));
+                }
+                Some(Inbound::Trailers(t)) => {
+                    self.finish();
+                    return Poll::Ready(Some(Ok(Part::Trailers(t))));
+                }
+                Some(Inbound::TrailersOk) => {
+                    self.finish();
+                    return Poll::Ready(Some(Ok(Part::TrailersOk)));
+                }
+                Some(Inbound::End) => {
+                    // Request half-closed; the call itself goes on.
+                    self.done = true;
+                    return Poll::Ready(None);
+                }
+                Some(Inbound::Headers(_)) => continue, // only the first HEADERS matters
+                Some(Inbound::Reset(s)) => {
+                    self.finish();
+                    return Poll::Ready(Some(Err(s)));
+                }
+                None => {
+                    self.finish();
+                    return Poll::Ready(Some(Err(self.shared.closed_status())));
+                }
+            }
+        }
+    }
+
+    /// [`poll_part`](Self::poll_part) as a future.
+    pub(crate) async fn part(&mut self) -> Option<Result<Part, Status>> {
+        std::future::poll_fn(|cx| self.poll_part(cx)).await
+    }
+}
+
 impl http_body::Body for RecvBody {
     type Data = Bytes;
     type Error = Status;
@@ -142,38 +197,15 @@ impl http_body::Body for RecvBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let this = &mut *self;
-        if let Some(rest) = this.pending.take() {
-            return Poll::Ready(Some(Ok(Frame::data(this.hand_out(rest)))));
-        }
-        loop {
-            if this.done {
-                return Poll::Ready(None);
-            }
-            match ready!(this.rx.poll_recv(cx)) {
-                Some(Inbound::Data(b)) => {
-                    return Poll::Ready(Some(Ok(Frame::data(this.hand_out(b)))));
-                }
-                Some(Inbound::Trailers(t)) => {
-                    this.finish();
-                    return Poll::Ready(Some(Ok(Frame::trailers(t))));
-                }
-                Some(Inbound::End) => {
-                    // Request half-closed; the call itself goes on.
-                    this.done = true;
-                    return Poll::Ready(None);
-                }
-                Some(Inbound::Headers(_)) => continue, // only the first HEADERS matters
-                Some(Inbound::Reset(s)) => {
-                    this.finish();
-                    return Poll::Ready(Some(Err(s)));
-                }
-                None => {
-                    this.finish();
-                    return Poll::Ready(Some(Err(this.shared.closed_status())));
-                }
-            }
-        }
+        self.poll_part(cx).map(|p| {
+            p.map(|r| {
+                r.map(|p| match p {
+                    Part::Data(d) => Frame::data(d),
+                    Part::Trailers(t) => Frame::trailers(t),
+                    Part::TrailersOk => Frame::trailers(ok_trailers()),
+                })
+            })
+        })
     }
 
     fn is_end_stream(&self) -> bool {

@@ -245,6 +245,25 @@ fn header(buf: &mut BytesMut, kind: u8, flags: u8, stream: u32) {
     buf.put_u32(stream);
 }
 
+/// The metadata block of the TRAILERS that end most calls: one entry,
+/// `grpc-status: 0` (§1.3).
+const OK_TRAILERS: &[u8] = b"\x00\x01\x00\x0bgrpc-status\x00\x00\x00\x010";
+
+/// The stream of `f` if it is exactly a TRAILERS frame whose only entry is
+/// `grpc-status: 0` and [`decode`] would accept it under `limits` (a call's
+/// usual end, recognized without building a map); `None` for anything
+/// else, which goes through [`decode`].
+pub fn ok_trailers_stream(f: &[u8], limits: &DecodeLimits) -> Option<u32> {
+    let stream = u32::from_be_bytes(f.get(2..HEADER_LEN)?.try_into().ok()?);
+    let ok = f.len() == HEADER_LEN + OK_TRAILERS.len()
+        && f[0] == kind::TRAILERS
+        && f[1] == 0
+        && stream != 0
+        && &f[HEADER_LEN..] == OK_TRAILERS
+        && limits.max_metadata_bytes >= "grpc-status".len() + 1;
+    ok.then_some(stream)
+}
+
 /// Encodes HELLO.
 pub fn encode_hello(h: &Hello) -> Bytes {
     let mut b = BytesMut::with_capacity(HEADER_LEN + 22);
@@ -701,7 +720,9 @@ pub fn decode_as<P: MethodPath>(
                 "TRAILERS"
             };
             nonzero(r.what)?;
-            let metadata = r.metadata(limits, 0)?;
+            // A response's HEADERS keep room for the `grpc-status` its
+            // trailers add to them (a unary response's metadata).
+            let metadata = r.metadata(limits, usize::from(kind == kind::HEADERS))?;
             if kind == kind::HEADERS {
                 Frame::Headers { stream, metadata }
             } else {
@@ -770,6 +791,47 @@ pub fn decode_as<P: MethodPath>(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn ok_trailers_are_recognized_only_when_decode_would_give_the_same() {
+        let ok = |stream, md: &HeaderMap, extra: &[(&str, &[u8])]| {
+            encode_metadata_frame_with(kind::TRAILERS, stream, md, extra, 1 << 20).unwrap()
+        };
+        let empty = HeaderMap::new();
+        let f = ok(7, &empty, &[("grpc-status", b"0")]);
+        assert_eq!(ok_trailers_stream(&f, &LIM), Some(7));
+        // What decode makes of the same bytes.
+        match decode(f.clone(), &LIM).unwrap() {
+            Frame::Trailers { stream, metadata } => {
+                assert_eq!(stream, 7);
+                assert_eq!(metadata.len(), 1);
+                assert_eq!(metadata["grpc-status"], "0");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Anything else goes to the decoder.
+        let mut two = HeaderMap::new();
+        two.insert("x-a", HeaderValue::from_static("b"));
+        for f in [
+            ok(0, &empty, &[("grpc-status", b"0")]),
+            ok(7, &empty, &[("grpc-status", b"1")]),
+            ok(7, &two, &[("grpc-status", b"0")]),
+            encode_metadata_frame_with(kind::HEADERS, 7, &empty, &[("grpc-status", b"0")], 99)
+                .unwrap(),
+            f.slice(..f.len() - 1),
+        ] {
+            assert_eq!(ok_trailers_stream(&f, &LIM), None, "{f:?}");
+        }
+        let mut flagged = BytesMut::from(&f[..]);
+        flagged[1] = FLAG_END_STREAM;
+        assert_eq!(ok_trailers_stream(&flagged, &LIM), None);
+        // Under a limit the decoder would refuse, so does this.
+        let tiny = DecodeLimits {
+            max_metadata_bytes: 11,
+        };
+        assert_eq!(ok_trailers_stream(&f, &tiny), None);
+        assert!(decode(f, &tiny).is_err());
+    }
 
     const LIM: DecodeLimits = DecodeLimits {
         max_metadata_bytes: 16 * 1024,

@@ -5,9 +5,8 @@
 //! errors for the same faults (an oversized message, a compressed flag
 //! without an encoding, a truncated message).
 
-use crate::protocol::body::RecvBody;
+use crate::protocol::body::{Part, RecvBody};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http_body_util::BodyExt;
 use tonic::Status;
 
 /// tonic's default limit on a decoded message (4 MiB), which applies when
@@ -69,6 +68,8 @@ pub(crate) struct Reader {
 pub(crate) enum End {
     /// The trailers that ended it (client side: the call's status).
     Trailers(http::HeaderMap),
+    /// Trailers of only `grpc-status: 0`.
+    TrailersOk,
     /// The end of the request stream (server side).
     Eof,
 }
@@ -160,21 +161,22 @@ impl Reader {
                     Status::internal(format!("failed to decode Protobuf message: {e}"))
                 });
             }
-            match body.frame().await {
-                Some(Ok(f)) => match f.into_data() {
-                    Ok(d) => {
-                        if self.whole.is_none() && self.buf.is_empty() {
-                            self.whole = Some(d);
-                        } else {
-                            self.gather(&d);
-                        }
+            match body.part().await {
+                Some(Ok(Part::Data(d))) => {
+                    if self.whole.is_none() && self.buf.is_empty() {
+                        self.whole = Some(d);
+                    } else {
+                        self.gather(&d);
                     }
-                    Err(f) => {
-                        let trailers = f.into_trailers().unwrap_or_default();
-                        self.check_empty()?;
-                        return Ok(Err(End::Trailers(trailers)));
-                    }
-                },
+                }
+                Some(Ok(Part::Trailers(t))) => {
+                    self.check_empty()?;
+                    return Ok(Err(End::Trailers(t)));
+                }
+                Some(Ok(Part::TrailersOk)) => {
+                    self.check_empty()?;
+                    return Ok(Err(End::TrailersOk));
+                }
                 Some(Err(status)) => return Err(status),
                 None => {
                     self.check_empty()?;

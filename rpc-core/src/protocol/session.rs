@@ -43,7 +43,19 @@ pub(crate) enum Inbound {
     /// The peer half-closed (request side) after its last DATA.
     End,
     Trailers(HeaderMap),
+    /// TRAILERS that hold only `grpc-status: 0` ([`ok_trailers`]).
+    TrailersOk,
     Reset(Status),
+}
+
+/// The trailers [`Inbound::TrailersOk`] stands for, as a map.
+pub(crate) fn ok_trailers() -> HeaderMap {
+    let mut t = HeaderMap::with_capacity(1);
+    t.insert(
+        const { http::HeaderName::from_static("grpc-status") },
+        http::HeaderValue::from_static("0"),
+    );
+    t
 }
 
 /// A new call the peer opened (server side).
@@ -404,6 +416,24 @@ async fn stop_inline_on_shutdown(shared: Arc<Shared>, stop: crate::conn::StopFn)
 
 /// One step of the reader: the session's status when the connection ended
 /// or the peer broke the protocol, `None` to go on.
+/// Decodes and dispatches one frame (not a BATCH). A call's usual end,
+/// TRAILERS of only `grpc-status: 0`, is recognized from its bytes
+/// without building a map.
+fn dispatch_bytes(
+    shared: &Arc<Shared>,
+    acceptor: Option<&Acceptor>,
+    limits: &DecodeLimits,
+    opened: &mut Opened,
+    p: Bytes,
+) -> Result<(), PeerMisbehaved> {
+    if let Some(stream) = frame::ok_trailers_stream(&p, limits) {
+        shared.deliver(stream, Inbound::TrailersOk, true);
+        return Ok(());
+    }
+    let f = frame::decode_as::<Bytes>(p, limits)?;
+    shared.dispatch(f, acceptor, opened)
+}
+
 fn handle_next(
     shared: &Arc<Shared>,
     acceptor: Option<&Acceptor>,
@@ -433,13 +463,16 @@ fn handle_next(
     // A peer that ignores the metadata limit it was told in HELLO is
     // misbehaving too (§1.5): every violation closes the connection.
     let mut opened = Opened::default();
-    let handled = match frame::decode_as::<Bytes>(bytes, limits) {
-        Ok(Frame::Batch(parts)) => parts.into_iter().try_for_each(|p| {
-            let f = frame::decode_as::<Bytes>(p, limits)?;
-            shared.dispatch(f, acceptor, &mut opened)
-        }),
-        Ok(f) => shared.dispatch(f, acceptor, &mut opened),
-        Err(e) => Err(e.into()),
+    let handled = if bytes.first() == Some(&frame::kind::BATCH) {
+        match frame::decode_as::<Bytes>(bytes, limits) {
+            Ok(Frame::Batch(parts)) => parts
+                .into_iter()
+                .try_for_each(|p| dispatch_bytes(shared, acceptor, limits, &mut opened, p)),
+            Ok(f) => shared.dispatch(f, acceptor, &mut opened),
+            Err(e) => Err(e.into()),
+        }
+    } else {
+        dispatch_bytes(shared, acceptor, limits, &mut opened, bytes)
     };
     match handled {
         // The calls this message opened start now that all of it (e.g. the

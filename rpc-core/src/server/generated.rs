@@ -257,7 +257,7 @@ impl ServerCall {
                 let mut reader = message::Reader::new(limits.max_decoding_message_size);
                 let msg: Req = match reader.next(&mut body).await {
                     Ok(Ok(m)) => m,
-                    Ok(Err(End::Eof | End::Trailers(_))) => {
+                    Ok(Err(End::Eof | End::Trailers(_) | End::TrailersOk)) => {
                         return send_status(
                             &shared,
                             stream,
