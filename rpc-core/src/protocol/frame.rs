@@ -245,6 +245,9 @@ fn header(buf: &mut BytesMut, kind: u8, flags: u8, stream: u32) {
     buf.put_u32(stream);
 }
 
+/// What [`OK_TRAILERS`] counts against `max_metadata_bytes` (name and value).
+const OK_TRAILERS_COUNTED: usize = "grpc-status".len() + "0".len();
+
 /// The metadata block of the TRAILERS that end most calls: one entry,
 /// `grpc-status: 0` (§1.3).
 const OK_TRAILERS: &[u8] = b"\x00\x01\x00\x0bgrpc-status\x00\x00\x00\x010";
@@ -260,7 +263,7 @@ pub fn ok_trailers_stream(f: &[u8], limits: &DecodeLimits) -> Option<u32> {
         && f[1] == 0
         && stream != 0
         && &f[HEADER_LEN..] == OK_TRAILERS
-        && limits.max_metadata_bytes >= "grpc-status".len() + 1;
+        && limits.max_metadata_bytes >= OK_TRAILERS_COUNTED;
     ok.then_some(stream)
 }
 
