@@ -2,8 +2,8 @@
 //! tonic's, counted by rpc-core; and that each side's path works with the
 //! other's (the bytes on the wire are the same).
 //!
-//! One test, its steps in order: the counts are the process's, so no other
-//! test may run calls beside it (this file is a test binary of its own).
+//! The counts are the process's: this file is a test binary of its own, and
+//! its tests take turns ([`SERIAL`]).
 
 use futures::StreamExt;
 use rpc_core::direct::{counts, Counts};
@@ -12,8 +12,14 @@ use rpc_examples::echo::{EchoService, EchoStats};
 use rpc_examples::pb::echo::echo_client::EchoClient;
 use rpc_examples::pb::echo::echo_server::EchoServer;
 use rpc_examples::pb::echo::EchoRequest;
+use rpc_examples::pb::helloworld::greeter_client::GreeterClient;
+use rpc_examples::pb::helloworld::greeter_server::{Greeter, GreeterServer};
+use rpc_examples::pb::helloworld::{HelloReply, HelloRequest};
 use std::sync::Arc;
 use tonic::Code;
+
+/// Held by each test: no test's calls run beside another's counting.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn echo() -> EchoServer<EchoService> {
     EchoServer::new(EchoService {
@@ -76,6 +82,7 @@ async fn memory(server_direct: bool, client_direct: bool) -> Channel {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generated_calls_take_the_direct_path_where_it_applies() {
+    let _turn = SERIAL.lock().await;
     // Both sides on (the default): unary and server streaming, not client streaming.
     assert_eq!(
         calls(memory(true, true).await).await,
@@ -172,4 +179,108 @@ async fn generated_calls_take_the_direct_path_where_it_applies() {
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
     handle.shutdown().await.unwrap();
+}
+
+/// Tells the caller what its handler saw: the request's metadata names and
+/// values (but the user agent's version), whether it had a peer address
+/// and `ConnInfo`; and answers with metadata of its own.
+struct Seen;
+
+#[tonic::async_trait]
+impl Greeter for Seen {
+    async fn say_hello(
+        &self,
+        request: tonic::Request<HelloRequest>,
+    ) -> Result<tonic::Response<HelloReply>, tonic::Status> {
+        let mut seen: Vec<String> = request
+            .metadata()
+            .clone()
+            .into_headers()
+            .iter()
+            .map(|(k, v)| match k.as_str() {
+                "user-agent" => "user-agent".to_string(),
+                _ => format!("{k}={}", v.to_str().unwrap_or("?")),
+            })
+            .collect();
+        seen.sort();
+        seen.push(format!(
+            "conn_info={}",
+            request.extensions().get::<rpc_core::ConnInfo>().is_some()
+        ));
+        let mut reply = tonic::Response::new(HelloReply {
+            message: seen.join(" "),
+        });
+        reply
+            .metadata_mut()
+            .insert("x-answer", "42".parse().unwrap());
+        // Names tonic reserves are dropped from a handler's metadata.
+        reply
+            .metadata_mut()
+            .insert("content-type", "text/plain".parse().unwrap());
+        Ok(reply)
+    }
+}
+
+/// What one call shows, handler side and client side.
+async fn seen_over(server_direct: bool, client_direct: bool) -> (String, Vec<String>) {
+    let server = Server::builder()
+        .direct_path(server_direct)
+        .add_service(GreeterServer::new(Seen))
+        .into_memory();
+    let channel = server.channel().await.unwrap().direct_path(client_direct);
+    std::mem::forget(server);
+    let mut request = tonic::Request::new(HelloRequest { name: "x".into() });
+    request
+        .metadata_mut()
+        .insert("x-custom", "value".parse().unwrap());
+    request
+        .metadata_mut()
+        .insert("grpc-status", "13".parse().unwrap());
+    request.set_timeout(std::time::Duration::from_secs(30));
+    let reply = GreeterClient::new(channel)
+        .say_hello(request)
+        .await
+        .unwrap();
+    let mut md: Vec<String> = reply
+        .metadata()
+        .clone()
+        .into_headers()
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.to_str().unwrap_or("?")))
+        .collect();
+    md.sort();
+    // The deadline's encoding may differ by rounding: compare its name only.
+    let handler = reply
+        .into_inner()
+        .message
+        .split(' ')
+        .map(|e| {
+            if e.starts_with("grpc-timeout=") {
+                "grpc-timeout"
+            } else {
+                e
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    (handler, md)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_and_callers_see_the_same_on_either_path() {
+    let _turn = SERIAL.lock().await;
+    let tonic_path = seen_over(false, false).await;
+    assert!(tonic_path.0.contains("x-custom=value"), "{tonic_path:?}");
+    assert!(!tonic_path.0.contains("grpc-status"), "{tonic_path:?}");
+    assert!(
+        tonic_path.1.contains(&"x-answer=42".to_string()),
+        "{tonic_path:?}"
+    );
+    for (s, c) in [(true, true), (true, false), (false, true)] {
+        assert_eq!(
+            seen_over(s, c).await,
+            tonic_path,
+            "server direct {s}, client direct {c}"
+        );
+    }
 }

@@ -301,7 +301,7 @@ impl Call {
     > {
         CALLED.fetch_add(1, Ordering::Relaxed);
         let (md, _ext, msg) = request.into_parts();
-        let mut md = md.into_headers();
+        let mut md = message::sanitized(md);
         if let Some(t) = self.channel_timeout {
             timeout::cap_grpc_timeout(&mut md, t);
         }

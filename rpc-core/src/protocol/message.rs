@@ -20,6 +20,28 @@ pub(crate) const PREFIX_LEN: usize = 5;
 /// thread's frame buffer: they are copied into a DATA frame at once.
 const ARENA_MAX: usize = crate::arena::MAX_PIECE;
 
+/// The metadata names tonic's client and server drop from a user's
+/// metadata before sending it (tonic's `GRPC_RESERVED_HEADERS`): the
+/// protocol sets them itself.
+const RESERVED: [http::HeaderName; 5] = [
+    http::HeaderName::from_static("te"),
+    http::HeaderName::from_static("content-type"),
+    http::HeaderName::from_static("grpc-message"),
+    http::HeaderName::from_static("grpc-message-type"),
+    http::HeaderName::from_static("grpc-status"),
+];
+
+/// A user's metadata as tonic sends it: without [`RESERVED`] names.
+pub(crate) fn sanitized(md: tonic::metadata::MetadataMap) -> http::HeaderMap {
+    let mut h = md.into_headers();
+    if !h.is_empty() {
+        for n in &RESERVED {
+            h.remove(n);
+        }
+    }
+    h
+}
+
 /// `msg` behind its prefix, or tonic's OUT_OF_RANGE error when it is larger
 /// than `limit` (`max_encoding_message_size`).
 pub(crate) fn encode<M: prost::Message>(msg: &M, limit: Option<usize>) -> Result<Bytes, Status> {

@@ -149,7 +149,7 @@ impl ServerCall {
                 Err(st) => return send_status(&shared, stream, st),
             };
             drop(msg);
-            if !send_headers(&shared, stream, &md.into_headers()) {
+            if !send_headers(&shared, stream, &message::sanitized(md)) {
                 return;
             }
             if shared.send_body(stream, &window, data, false).await.is_ok() {
@@ -174,7 +174,7 @@ impl ServerCall {
                 Ok(r) => r.into_parts(),
                 Err(st) => return send_status(&shared, stream, st),
             };
-            if !send_headers(&shared, stream, &md.into_headers()) {
+            if !send_headers(&shared, stream, &message::sanitized(md)) {
                 return;
             }
             let mut replies = std::pin::pin!(replies);
@@ -305,14 +305,11 @@ impl ServerCall {
     }
 }
 
-/// The response's HEADERS: the handler's metadata and tonic's content type.
+/// The response's HEADERS: the handler's metadata (without the names tonic
+/// reserves, [`message::sanitized`]) and tonic's content type.
 fn send_headers(shared: &Shared, stream: u32, md: &http::HeaderMap) -> bool {
     const CONTENT_TYPE: &[(&str, &[u8])] = &[("content-type", b"application/grpc")];
-    if md.contains_key(http::header::CONTENT_TYPE) {
-        send_metadata(shared, stream, frame::kind::HEADERS, md)
-    } else {
-        send_metadata_with(shared, stream, frame::kind::HEADERS, md, CONTENT_TYPE)
-    }
+    send_metadata_with(shared, stream, frame::kind::HEADERS, md, CONTENT_TYPE)
 }
 
 /// The TRAILERS of a call that succeeded: `grpc-status: 0` only.
