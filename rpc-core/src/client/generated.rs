@@ -309,7 +309,11 @@ impl Call {
         let call_timeout = md
             .remove(const { http::HeaderName::from_static("grpc-timeout") })
             .and_then(|v| v.to_str().ok().and_then(timeout::parse));
-        let data = message::encode(&msg, self.max_encoding_message_size)?;
+        // A request the encoder refuses fails as tonic's client fails it
+        // (over HTTP/2 and the call protocol alike): INTERNAL, the request
+        // body's error, with the encoder's status in its text.
+        let data = message::encode(&msg, self.max_encoding_message_size)
+            .map_err(|e| Status::internal(format!("request body failed: {e}")))?;
         drop(msg);
         let deadline = call_timeout.map(|t| (Instant::now() + t, t));
         let chan = self.chan;
