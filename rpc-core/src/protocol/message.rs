@@ -180,7 +180,8 @@ impl Reader {
         loop {
             if let Some(bytes) = self.take()? {
                 return M::decode(bytes).map(Ok).map_err(|e| {
-                    Status::internal(format!("failed to decode Protobuf message: {e}"))
+                    // As tonic-prost's decoder reports it.
+                    Status::internal(e.to_string())
                 });
             }
             match body.part().await {
