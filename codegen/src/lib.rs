@@ -38,6 +38,21 @@
 //! [`compile_with_options`] and [`Options`] name rpc-core by another path (a
 //! renamed dependency, a re-export) or keep tonic's transport `connect` instead.
 //!
+//! # The direct path
+//!
+//! Generated clients and servers also take rpc-core's direct path
+//! (`rpc_core::direct`, [`Options::direct_path`]): on an RDMA or in-memory
+//! connection, a unary or server-streaming call from a generated client over
+//! an `rpc_core::Channel` to a generated service added to an
+//! `rpc_core::Server` goes from the client's method to the service's trait
+//! method without tonic's client and server machinery. Nothing changes in
+//! the code that uses them, with two bounds tonic's code does not have: a
+//! client's transport must be `'static` (every channel is), and a server's
+//! constructors (`GreeterServer::new`...) need the service trait (`T:
+//! Greeter`). Where the direct path does not apply (TCP, client or
+//! bidirectional streaming, interceptors, compression, layers), calls take
+//! tonic's path as before, with the same bytes on the wire.
+//!
 //! # Large payloads
 //!
 //! Generated clients and servers use `rpc_core::codec::ProstCodec`
