@@ -2,8 +2,6 @@
 //! validation and dispatch by kind, eager messages, and the slot's repost
 //! with its credit made returnable.
 
-use bytes::Bytes;
-
 use super::wire::{Header, Kind, HDR_LEN};
 use super::{
     recv_wr_id, Action, Buffers, Completion, Engine, EngineError, Event, Imm, PeerMisbehaved,
@@ -78,13 +76,13 @@ impl Engine {
                     });
                 }
                 // Copied out of the slot so it can be reposted now, into a
-                // buffer of its own, not a shared per-thread buffer (as
-                // rpc-core's frame arena), where one kept message (a header
-                // value, a queued DATA frame a slow handler has not read)
-                // would keep a whole shared buffer alive, and a peer sending
-                // many small messages could multiply the memory it holds on
-                // us by a whole shared buffer per message.
-                let msg = Bytes::copy_from_slice(&bufs.recv_slot(slot)[HDR_LEN..len]);
+                // buffer of its own (`recv_buf`), not a shared per-thread
+                // buffer (as rpc-core's frame arena), where one kept message
+                // (a header value, a queued DATA frame a slow handler has
+                // not read) would keep a whole shared buffer alive, and a
+                // peer sending many small messages could multiply the
+                // memory it holds on us by a whole shared buffer per message.
+                let msg = super::recv_buf::copy_out(&bufs.recv_slot(slot)[HDR_LEN..len]);
                 self.counters.msgs_recv += 1;
                 self.counters.bytes_recv += msg.len() as u64;
                 self.events.push_back(Event::Message(msg));
