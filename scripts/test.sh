@@ -42,7 +42,7 @@ step "run anywhere: no NEEDED RDMA library; demo, helloworld and grpcio with the
   ./scripts/no-rdma-libs.sh
 
 step "benchmark smoke (no timings asserted)" \
-  "$BIN/bench" --quick --paths memory,tcp-fallback,tonic-tcp
+  "$BIN/bench" --quick --paths memory,direct-memory,tcp-fallback,tonic-tcp
 step "fuzz smoke (every target, 10 s each)" ./scripts/fuzz.sh 10
 
 # Test binaries that need a device, built above; found by target name.

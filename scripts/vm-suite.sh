@@ -119,7 +119,7 @@ kill $srv 2>/dev/null; wait $srv 2>/dev/null
 check "demo over RDMA" bash -c "timeout 300 $BIN/demo --addr $SOFTROCE_IP:0 --calls 50 > $LOG/demo.out 2>&1; grep -E '^(server|client|  [A-Za-z]|summary)|WARN|ERROR|Error' $LOG/demo.out; grep -q '^client: transport: rdma' $LOG/demo.out"
 
 check "benchmark smoke over RDMA (no timings asserted)" \
-  timeout 300 $BIN/bench --quick --addr "$SOFTROCE_IP:0" --paths rdma,tcp-fallback,tonic-tcp
+  timeout 300 $BIN/bench --quick --addr "$SOFTROCE_IP:0" --paths rdma,direct,tcp-fallback,tonic-tcp
 
 # The scale benchmark at a small count (the docs run goes to 2000:
 # scripts/bench-scale.sh): connections open, every call succeeds, and it
