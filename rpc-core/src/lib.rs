@@ -33,7 +33,7 @@
 //! | `info` | what the API reports: [`Transport`], [`TransportKind`], [`TransportInfo`], [`FallbackReason`], [`ConnInfo`] |
 //! | `error` | [`Error`], and the boxed error and error-chain text shared below |
 //! | [`conn`] | the message-connection trait, and the in-memory connection |
-//! | `protocol` | the call protocol (docs/wire-protocol.md Part 1): frames, windows, deadlines, the session that multiplexes calls on one connection, [`SessionConfig`], [`RecvBody`], [`PeerMisbehaved`] |
+//! | `protocol` | the call protocol (docs/wire-protocol.md Part 1): frames, flow-control windows as values (`flow`) and the send windows calls wait on, deadlines, the session that multiplexes calls on one connection (its stream table, a state machine without I/O, in `session/streams.rs`), [`SessionConfig`], [`RecvBody`], [`PeerMisbehaved`] |
 //! | `transport` | what carries calls: the RDMA connection and listener, tonic's HTTP/2 path made to behave as the message path, the RDMA port announcement (§3) and TLS tickets (§4) |
 //! | `client` | [`Channel`], [`Endpoint`], transport selection and fallback, one call, balancing |
 //! | `server` | [`Server`], [`Router`] and serving, one call of a message connection, dispatch by name, layers, the RDMA accept loop |
@@ -111,13 +111,20 @@ pub mod direct {
 }
 
 /// Internals that the hostile-peer tests and the fuzz targets drive directly
-/// (the call-protocol codec, the RDMA connection wrapper). Not part of the
-/// API: no stability promise, hidden from the docs.
+/// (the call-protocol codec, a session's stream table and windows, the RDMA
+/// connection wrapper). Not part of the API: no stability promise, hidden
+/// from the docs.
 #[doc(hidden)]
 pub mod __private {
     /// The call-protocol frame codec (`docs/wire-protocol.md` §1).
     pub mod frame {
         pub use crate::protocol::frame::*;
+    }
+    /// A session's stream table and its flow-control windows as values
+    /// (`docs/wire-protocol.md` §1.3, §1.4, §1.6).
+    pub mod streams {
+        pub use crate::protocol::flow::{RecvWindow, SendCredit, MAX_WINDOW};
+        pub use crate::protocol::session::streams::*;
     }
     pub use crate::transport::rdma::{RdmaConnection, RdmaReceiver, RdmaSender};
 }

@@ -15,7 +15,6 @@ pub struct RecvBody {
     rx: InboundRx,
     shared: Arc<Shared>,
     stream: u32,
-    pending_credit: u32,
     done: bool,
     /// Client side: resets the call if the body is dropped before its trailers.
     guard: Option<CallGuard>,
@@ -92,7 +91,6 @@ impl RecvBody {
             rx,
             shared,
             stream,
-            pending_credit: 0,
             done: false,
             guard,
             _keepalive: keepalive,
@@ -107,8 +105,7 @@ impl RecvBody {
         if let Some(at) = self.split.scan(&b) {
             self.pending = Some(b.split_off(at));
         }
-        self.shared
-            .consumed(self.stream, &mut self.pending_credit, b.len());
+        self.shared.consumed(self.stream, b.len());
         b
     }
 

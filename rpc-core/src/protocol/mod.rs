@@ -7,6 +7,7 @@
 
 pub(crate) mod body;
 pub(crate) mod config;
+pub(crate) mod flow;
 pub(crate) mod frame;
 pub(crate) mod message;
 pub(crate) mod misbehaved;

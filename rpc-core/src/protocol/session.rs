@@ -7,13 +7,17 @@
 //! back-pressured). The reader never waits on an application: per-call queues
 //! are bounded by the receive window granted to the peer (§1.4), so a slow
 //! call cannot stall the others.
+//!
+//! What happens to the calls is decided by the stream table ([`streams`]), a
+//! state machine without I/O; the methods of [`Shared`] lock it, ask it, and
+//! do the I/O it calls for.
 
 mod opened;
 mod outbox;
 mod queue;
+pub(crate) mod streams;
 
 use crate::conn::{Connection, FrameReceiver, FrameSender};
-use crate::hash::FastState;
 use crate::protocol::frame::{self, DecodeLimits, Frame, Hello};
 use crate::protocol::window::SendWindow;
 use crate::{ConnInfo, PeerMisbehaved, SessionConfig};
@@ -24,11 +28,11 @@ use opened::Opened;
 use outbox::{Outbox, Pushed};
 use queue::InboundTx;
 pub(crate) use queue::{CallWindow, InboundRx};
-use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use streams::{Accepted, Data, Refused, Removal, Role, Streams};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tonic::{Code, Status};
 
@@ -91,18 +95,17 @@ pub(crate) fn misbehaved_status(e: &PeerMisbehaved) -> Status {
     st
 }
 
+/// The session's handle of one call in the stream table.
 #[derive(Debug)]
 struct StreamEntry {
     inbound: InboundTx,
     window: CallWindow,
-    /// DATA bytes the peer may still send before we grant more.
-    recv_window: i64,
     /// Server: the handler task, aborted on RESET or connection loss.
     handler: Option<tokio::task::AbortHandle>,
 }
 
 impl StreamEntry {
-    /// Ends a call that was removed from the map: its handler (server side)
+    /// Ends a call that was removed from the table: its handler (server side)
     /// is cancelled, its reader sees `status`, its sender stops.
     ///
     /// The handler is cancelled first: tonic turns a CANCELLED error of a
@@ -152,20 +155,10 @@ impl StreamEntry {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
-    streams: HashMap<u32, StreamEntry, FastState>,
-    next_stream: u32,
-    /// Highest stream the peer opened (server side).
-    last_peer_stream: u32,
-    /// GOAWAY received: no new calls on this session.
-    goaway: bool,
-    /// GOAWAY sent (server draining).
-    draining: bool,
-    /// Connection-level DATA bytes the peer may still send (§1.4).
-    conn_recv_window: i64,
-    /// Connection-level DATA bytes consumed since the last WINDOW_UPDATE(0).
-    conn_consumed: u32,
+    /// The calls, their ids, states and receive windows.
+    streams: Streams<StreamEntry>,
     closed: Option<Status>,
 }
 
@@ -345,7 +338,17 @@ pub(crate) async fn start<C: Connection>(
         0
     };
     let permits = peer.max_concurrent_calls.clamp(1, 1 << 20) as usize;
-    let conn_recv_window = i64::from(config.connection_window);
+    let role = if acceptor.is_some() {
+        Role::Server
+    } else {
+        Role::Client
+    };
+    let streams = Streams::new(
+        role,
+        config.initial_window,
+        config.connection_window,
+        config.max_concurrent_calls,
+    );
     let shared = Arc::new(Shared {
         info,
         config,
@@ -356,9 +359,8 @@ pub(crate) async fn start<C: Connection>(
         conn_window: SendWindow::new(peer.connection_window),
         call_permits: Arc::new(Semaphore::new(permits)),
         state: Mutex::new(State {
-            next_stream: 1,
-            conn_recv_window,
-            ..State::default()
+            streams,
+            closed: None,
         }),
         changed: Notify::new(),
         shutdown: Notify::new(),
@@ -613,7 +615,7 @@ impl Shared {
     /// True when no new call may start on this session.
     pub(crate) fn is_unusable(&self) -> bool {
         let s = lock(&self.state);
-        s.closed.is_some() || s.goaway
+        s.closed.is_some() || s.streams.goaway_received()
     }
 
     /// Closes the session: every call fails with `status`, handlers are cancelled.
@@ -623,7 +625,7 @@ impl Shared {
             if s.closed.is_none() {
                 s.closed = Some(status.clone());
             }
-            std::mem::take(&mut s.streams)
+            s.streams.remove_all(Removal::ConnectionClosed)
         };
         for (_, e) in streams {
             e.abort(status.clone());
@@ -653,40 +655,35 @@ impl Shared {
         if let Some(st) = &s.closed {
             return Err(st.clone());
         }
-        if s.goaway {
-            return Err(Status::unavailable(
-                "server is shutting down (GOAWAY received)",
-            ));
-        }
-        let id = s.next_stream;
-        s.next_stream = s.next_stream.checked_add(2).ok_or_else(|| {
-            Status::unavailable("stream ids exhausted on this connection; reconnect")
-        })?;
-        let (tx, rx, window) = queue::channel(self.peer.initial_window);
-        s.streams.insert(
-            id,
-            StreamEntry {
+        let opened = s.streams.open(|| {
+            let (tx, rx, window) = queue::channel(self.peer.initial_window);
+            let entry = StreamEntry {
                 inbound: tx,
                 window: window.clone(),
-                recv_window: i64::from(self.config.initial_window),
                 handler: None,
-            },
-        );
+            };
+            (entry, (rx, window))
+        });
+        let (id, (rx, window)) = opened.map_err(|r| match r {
+            Refused::GoAway => Status::unavailable("server is shutting down (GOAWAY received)"),
+            Refused::IdsExhausted => {
+                Status::unavailable("stream ids exhausted on this connection; reconnect")
+            }
+        })?;
         self.send_ctrl(open(id));
         Ok((id, rx, window))
     }
 
-    /// Removes a call that ended normally (no RESET sent).
     /// Whether call `id` is still open (not finished, reset or failed).
     fn has_stream(&self, id: u32) -> bool {
-        lock(&self.state).streams.contains_key(&id)
+        lock(&self.state).streams.contains(id)
     }
 
     /// Server: the task running call `id`'s handler, aborted on RESET or
     /// connection loss; aborted at once if the call already ended.
     fn set_handler(&self, id: u32, handle: tokio::task::AbortHandle) {
         let mut s = lock(&self.state);
-        match s.streams.get_mut(&id) {
+        match s.streams.get_mut(id) {
             Some(e) => e.handler = Some(handle),
             None => {
                 drop(s);
@@ -695,9 +692,10 @@ impl Shared {
         }
     }
 
+    /// Removes a call that ended normally (no RESET sent).
     pub(crate) fn finish_stream(&self, id: u32) {
         let mut s = lock(&self.state);
-        if let Some(e) = s.streams.remove(&id) {
+        if let Some(e) = s.streams.remove(id, Removal::Finished) {
             e.window.finish();
         }
         if s.streams.is_empty() {
@@ -710,7 +708,7 @@ impl Shared {
     pub(crate) fn reset_stream(&self, id: u32, status: Status) {
         let entry = {
             let mut s = lock(&self.state);
-            let e = s.streams.remove(&id);
+            let e = s.streams.remove(id, Removal::Reset);
             if s.streams.is_empty() {
                 self.changed.notify_waiters();
             }
@@ -767,19 +765,18 @@ impl Shared {
         Ok(())
     }
 
-    /// A call consumed `n` DATA bytes: return credit when half the window is used (§1.4).
-    pub(crate) fn consumed(&self, id: u32, pending: &mut u32, n: usize) {
-        self.conn_consumed(n);
-        *pending = pending.saturating_add(n as u32);
-        if *pending >= self.config.initial_window / 2 {
-            let inc = *pending;
-            *pending = 0;
-            let mut s = lock(&self.state);
-            if let Some(e) = s.streams.get_mut(&id) {
-                e.recv_window += i64::from(inc);
-                drop(s);
-                self.send_ctrl(frame::encode_window_update(id, inc));
-            }
+    /// A call consumed `n` DATA bytes: return credit, the connection's and
+    /// the call's, when half the window is used (§1.4).
+    pub(crate) fn consumed(&self, id: u32, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let grants = lock(&self.state).streams.consumed(id, n);
+        if let Some(inc) = grants.connection {
+            self.send_ctrl(frame::encode_window_update(0, inc));
+        }
+        if let Some(inc) = grants.stream {
+            self.send_ctrl(frame::encode_window_update(id, inc));
         }
     }
 
@@ -789,12 +786,8 @@ impl Shared {
         if n == 0 {
             return;
         }
-        let mut s = lock(&self.state);
-        s.conn_consumed = s.conn_consumed.saturating_add(n as u32);
-        if s.conn_consumed >= self.config.connection_window / 2 {
-            let inc = std::mem::take(&mut s.conn_consumed);
-            s.conn_recv_window += i64::from(inc);
-            drop(s);
+        let grant = lock(&self.state).streams.conn_consumed(n);
+        if let Some(inc) = grant {
             self.send_ctrl(frame::encode_window_update(0, inc));
         }
     }
@@ -806,11 +799,7 @@ impl Shared {
 
     /// As [`drain`](Self::drain), with `why` in the GOAWAY.
     pub(crate) async fn drain_because(&self, why: &str) {
-        let last = {
-            let mut s = lock(&self.state);
-            s.draining = true;
-            s.last_peer_stream
-        };
+        let last = lock(&self.state).streams.start_draining();
         self.send_ctrl(frame::encode_goaway(last, 0, why));
         loop {
             let notified = self.changed.notified();
@@ -841,54 +830,28 @@ impl Shared {
                 metadata,
                 end_stream,
             } => {
-                let Some(acceptor) = acceptor else {
-                    return Err(PeerMisbehaved::OpenToClient);
+                // The table checks the role (only a server has an acceptor).
+                let accepted = lock(&self.state).streams.accept(stream, end_stream, || {
+                    let (tx, rx, window) = queue::channel(self.peer.initial_window);
+                    let entry = StreamEntry {
+                        inbound: tx.clone(),
+                        window: window.clone(),
+                        handler: None,
+                    };
+                    (entry, (tx, rx, window))
+                })?;
+                let ((tx, rx, window), acceptor) = match (accepted, acceptor) {
+                    (Accepted::Opened(call), Some(acceptor)) => (call, acceptor),
+                    (Accepted::Opened(_), None) => return Err(PeerMisbehaved::OpenToClient),
+                    (Accepted::Refused(why), _) => {
+                        self.send_ctrl(frame::encode_reset(
+                            stream,
+                            why.code() as u32,
+                            &why.message(),
+                        ));
+                        return Ok(());
+                    }
                 };
-                let (tx, rx, window) = queue::channel(self.peer.initial_window);
-                {
-                    let mut s = lock(&self.state);
-                    if stream % 2 == 0 {
-                        return Err(PeerMisbehaved::StreamIdEven { stream });
-                    }
-                    if stream <= s.last_peer_stream {
-                        return Err(PeerMisbehaved::StreamIdNotIncreasing {
-                            stream,
-                            last: s.last_peer_stream,
-                        });
-                    }
-                    s.last_peer_stream = stream;
-                    if s.draining {
-                        drop(s);
-                        self.send_ctrl(frame::encode_reset(
-                            stream,
-                            Code::Unavailable as u32,
-                            "server is shutting down",
-                        ));
-                        return Ok(());
-                    }
-                    if s.streams.len() >= self.config.max_concurrent_calls as usize {
-                        let n = s.streams.len();
-                        drop(s);
-                        self.send_ctrl(frame::encode_reset(
-                            stream,
-                            Code::ResourceExhausted as u32,
-                            &format!(
-                                "too many concurrent calls on this connection ({n}, limit {})",
-                                self.config.max_concurrent_calls
-                            ),
-                        ));
-                        return Ok(());
-                    }
-                    s.streams.insert(
-                        stream,
-                        StreamEntry {
-                            inbound: tx.clone(),
-                            window: window.clone(),
-                            recv_window: i64::from(self.config.initial_window),
-                            handler: None,
-                        },
-                    );
-                }
                 if end_stream {
                     let _ = tx.send(Inbound::End);
                 }
@@ -917,30 +880,22 @@ impl Shared {
                 end_stream,
             } => {
                 let mut s = lock(&self.state);
-                s.conn_recv_window -= data.len() as i64;
-                if s.conn_recv_window < 0 {
-                    return Err(PeerMisbehaved::ConnectionWindowExceeded {
-                        excess: s.conn_recv_window.unsigned_abs(),
-                    });
-                }
-                if let Some(e) = s.streams.get_mut(&stream) {
-                    e.recv_window -= data.len() as i64;
-                    if e.recv_window < 0 {
-                        return Err(PeerMisbehaved::StreamWindowExceeded {
-                            stream,
-                            excess: e.recv_window.unsigned_abs(),
-                        });
+                match s.streams.recv_data(stream, data.len(), end_stream)? {
+                    Data::Deliver(e) => {
+                        if !data.is_empty() {
+                            let _ = e.inbound.send(Inbound::Data(data));
+                        }
+                        if end_stream {
+                            let _ = e.inbound.send(Inbound::End);
+                        }
                     }
-                    if !data.is_empty() {
-                        let _ = e.inbound.send(Inbound::Data(data));
-                    }
-                    if end_stream {
-                        let _ = e.inbound.send(Inbound::End);
-                    }
-                } else {
                     // DATA for a finished call is dropped (§1.3); its credit returns.
-                    drop(s);
-                    self.conn_consumed(data.len());
+                    Data::Dropped(grant) => {
+                        drop(s);
+                        if let Some(inc) = grant {
+                            self.send_ctrl(frame::encode_window_update(0, inc));
+                        }
+                    }
                 }
             }
             Frame::Reset {
@@ -950,7 +905,7 @@ impl Shared {
             } => {
                 let entry = {
                     let mut s = lock(&self.state);
-                    let e = s.streams.remove(&stream);
+                    let e = s.streams.remove(stream, Removal::PeerReset);
                     if s.streams.is_empty() {
                         self.changed.notify_waiters();
                     }
@@ -968,7 +923,7 @@ impl Shared {
             }
             Frame::WindowUpdate { stream, increment } => {
                 let s = lock(&self.state);
-                if let Some(e) = s.streams.get(&stream) {
+                if let Some(e) = s.streams.get(stream) {
                     e.window.grant(stream, increment)?;
                 }
             }
@@ -977,21 +932,10 @@ impl Shared {
                 code,
                 message,
             } => {
-                let doomed: Vec<u32> = {
-                    let mut s = lock(&self.state);
-                    s.goaway = true;
-                    s.streams
-                        .keys()
-                        .copied()
-                        .filter(|id| *id > last_stream && acceptor.is_none())
-                        .collect()
-                };
+                let doomed = lock(&self.state).streams.recv_goaway(last_stream);
                 tracing::debug!(code, %message, "GOAWAY from peer");
-                for id in doomed {
-                    let status = Status::unavailable(format!("server went away: {message}"));
-                    if let Some(e) = lock(&self.state).streams.remove(&id) {
-                        e.abort(status);
-                    }
+                for (_, e) in doomed {
+                    e.abort(Status::unavailable(format!("server went away: {message}")));
                 }
                 self.changed.notify_waiters();
             }
@@ -1008,10 +952,10 @@ impl Shared {
         let mut s = lock(&self.state);
         let target = if last {
             s.streams
-                .remove(&stream)
+                .remove(stream, Removal::PeerFinished)
                 .map(|e| (e.inbound, Some(e.window)))
         } else {
-            s.streams.get(&stream).map(|e| (e.inbound.clone(), None))
+            s.streams.get(stream).map(|e| (e.inbound.clone(), None))
         };
         let empty = s.streams.is_empty();
         drop(s);

@@ -1,19 +1,21 @@
-//! Per-call send window (`docs/wire-protocol.md` §1.4).
+//! Send windows that can be waited on (`docs/wire-protocol.md` §1.4): one
+//! per call, one for the connection.
 //!
-//! A small value type in the style of h2's `FlowControl`: checked arithmetic,
-//! a protocol error on overflow, never a wrap.
+//! The accounting is [`SendCredit`], a value (checked arithmetic, a protocol
+//! error on overflow, never a wrap); this adds the waiting for credit and the
+//! closing of a call's window when the call ends.
 
+use crate::protocol::flow::SendCredit;
+#[cfg(test)]
+use crate::protocol::flow::MAX_WINDOW;
 use crate::PeerMisbehaved;
 use std::sync::Mutex;
 use tokio::sync::Notify;
 use tonic::Status;
 
-/// Largest window a peer may grant (2^31 - 1, as in HTTP/2).
-pub const MAX_WINDOW: i64 = (1 << 31) - 1;
-
 #[derive(Debug)]
 struct State {
-    avail: i64,
+    credit: SendCredit,
     closed: Closed,
 }
 
@@ -48,7 +50,7 @@ impl SendWindow {
     pub(crate) fn new(initial: u32) -> Self {
         SendWindow {
             state: Mutex::new(State {
-                avail: i64::from(initial),
+                credit: SendCredit::new(initial),
                 closed: Closed::Open,
             }),
             notify: Notify::new(),
@@ -68,9 +70,8 @@ impl SendWindow {
                 if want == 0 {
                     return Ok(0);
                 }
-                if s.avail > 0 {
-                    let n = (s.avail as usize).min(want);
-                    s.avail -= n as i64;
+                let n = s.credit.take(want);
+                if n > 0 {
                     return Ok(n);
                 }
             }
@@ -79,18 +80,11 @@ impl SendWindow {
     }
 
     /// Adds credit from a WINDOW_UPDATE on `stream` (0 = the connection).
-    /// Errors if the window would exceed [`MAX_WINDOW`].
+    /// Errors if the window would exceed
+    /// [`MAX_WINDOW`](crate::protocol::flow::MAX_WINDOW).
     pub(crate) fn grant(&self, stream: u32, inc: u32) -> Result<(), PeerMisbehaved> {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let next = s.avail + i64::from(inc);
-        if next > MAX_WINDOW {
-            return Err(PeerMisbehaved::WindowOverflow {
-                stream,
-                window: s.avail,
-                increment: inc,
-            });
-        }
-        s.avail = next;
+        s.credit.grant(stream, inc)?;
         drop(s);
         self.notify.notify_waiters();
         Ok(())
