@@ -101,11 +101,12 @@ fn reply(req: &EchoRequest, seq: u32) -> EchoResponse {
     let payload = if req.reply_bytes > 0 {
         Bytes::from(vec![0xA5u8; req.reply_bytes as usize])
     } else {
-        Bytes::from(req.payload.clone())
+        // The request's bytes, shared: no copy.
+        req.payload.clone()
     };
     EchoResponse {
         message: req.message.clone(),
-        payload: payload.to_vec(),
+        payload,
         seq,
         crc32: crc32fast::hash(&req.payload),
     }
@@ -213,7 +214,7 @@ impl Echo for EchoService {
         track.done();
         Ok(Response::new(EchoResponse {
             message: last.message,
-            payload: Vec::new(),
+            payload: Bytes::new(),
             seq: n,
             crc32: hasher.finalize(),
         }))

@@ -16,7 +16,7 @@ async fn bidi(fx: Fixture) {
     for i in 0..100u32 {
         tx.send(EchoRequest {
             message: format!("ping {i}"),
-            payload: vec![i as u8; 100],
+            payload: vec![i as u8; 100].into(),
             ..Default::default()
         })
         .await

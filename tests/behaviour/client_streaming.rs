@@ -9,7 +9,7 @@ async fn client_streaming(fx: Fixture) {
     let msgs: Vec<EchoRequest> = (0..300u32)
         .map(|i| EchoRequest {
             message: format!("m{i}"),
-            payload: vec![(i % 256) as u8; (i as usize * 37) % 5000],
+            payload: vec![(i % 256) as u8; (i as usize * 37) % 5000].into(),
             ..Default::default()
         })
         .collect();

@@ -12,7 +12,7 @@ async fn concurrency(fx: Fixture) {
             let r = c
                 .unary_echo(EchoRequest {
                     message: i.to_string(),
-                    payload: vec![(i % 251) as u8; 64 + (i as usize % 512)],
+                    payload: vec![(i % 251) as u8; 64 + (i as usize % 512)].into(),
                     delay_ms: 20,
                     ..Default::default()
                 })
@@ -49,7 +49,7 @@ async fn concurrency(fx: Fixture) {
     let stalled = c
         .server_streaming_echo(EchoRequest {
             count: 10_000,
-            payload: vec![1; 64 << 10],
+            payload: vec![1; 64 << 10].into(),
             ..Default::default()
         })
         .await
@@ -59,7 +59,7 @@ async fn concurrency(fx: Fixture) {
     tokio::time::timeout(
         Duration::from_secs(10),
         c2.unary_echo(EchoRequest {
-            payload: vec![2; 100_000],
+            payload: vec![2; 100_000].into(),
             ..Default::default()
         }),
     )

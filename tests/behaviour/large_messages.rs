@@ -18,7 +18,7 @@ async fn large_messages(fx: Fixture) {
     // Reply small, then reply big: both directions carry 64 MiB.
     let resp = echo
         .unary_echo(EchoRequest {
-            payload: payload.clone(),
+            payload: payload.clone().into(),
             reply_bytes: 1,
             ..Default::default()
         })
@@ -28,7 +28,7 @@ async fn large_messages(fx: Fixture) {
     assert_eq!(resp.crc32, crc, "64 MiB request arrived intact");
     let resp = echo
         .unary_echo(EchoRequest {
-            payload,
+            payload: payload.into(),
             ..Default::default()
         })
         .await

@@ -8,7 +8,7 @@ async fn server_streaming(fx: Fixture) {
     let mut stream = echo
         .server_streaming_echo(EchoRequest {
             message: "s".into(),
-            payload: vec![7; 3000],
+            payload: vec![7; 3000].into(),
             count: 200,
             ..Default::default()
         })

@@ -138,7 +138,7 @@ async fn rdma_write_path_and_mixed_clients() {
     let payload = vec![0x5Au8; 1 << 20];
     let r = EchoClient::new(rdma.clone())
         .unary_echo(EchoRequest {
-            payload: payload.clone(),
+            payload: payload.clone().into(),
             ..Default::default()
         })
         .await
@@ -164,7 +164,7 @@ async fn rdma_write_path_and_mixed_clients() {
         calls.push(tokio::spawn(async move {
             let req = EchoRequest {
                 message: i.to_string(),
-                payload: vec![1; 20_000],
+                payload: vec![1; 20_000].into(),
                 ..Default::default()
             };
             let (x, y, z) = tokio::join!(

@@ -40,7 +40,7 @@ async fn unary(fx: Fixture) {
         let resp = echo
             .unary_echo(EchoRequest {
                 message: format!("size {size}"),
-                payload: payload.clone(),
+                payload: payload.clone().into(),
                 ..Default::default()
             })
             .await

@@ -21,7 +21,7 @@ async fn latencies(
     for _ in 0..30 {
         let t = Instant::now();
         c.unary_echo(EchoRequest {
-            payload: vec![7; 64],
+            payload: vec![7; 64].into(),
             ..Default::default()
         })
         .await

@@ -72,7 +72,7 @@ async fn load_mixed_sizes_no_loss_no_rnr() {
                         let r = c
                             .unary_echo(EchoRequest {
                                 message: i.to_string(),
-                                payload,
+                                payload: payload.into(),
                                 ..Default::default()
                             })
                             .await;

@@ -73,7 +73,7 @@ async fn child_role() {
                 loop {
                     let _ = c
                         .unary_echo(EchoRequest {
-                            payload: payload.clone(),
+                            payload: payload.clone().into(),
                             reply_bytes: BIG as u64,
                             ..Default::default()
                         })
@@ -206,7 +206,7 @@ async fn server_killed_mid_unary_stream_and_rendezvous() {
                 loop {
                     let r = c
                         .unary_echo(EchoRequest {
-                            payload: payload.clone(),
+                            payload: payload.clone().into(),
                             reply_bytes: 1,
                             ..Default::default()
                         })
@@ -255,7 +255,7 @@ async fn server_killed_mid_unary_stream_and_rendezvous() {
             let payload = pattern(2, BIG);
             let r = echo(&ch)
                 .unary_echo(EchoRequest {
-                    payload: payload.clone(),
+                    payload: payload.clone().into(),
                     ..Default::default()
                 })
                 .await
@@ -328,7 +328,7 @@ async fn client_killed_handlers_cancelled() {
             let payload = pattern(3, BIG);
             let r = echo(&ch)
                 .unary_echo(EchoRequest {
-                    payload: payload.clone(),
+                    payload: payload.clone().into(),
                     ..Default::default()
                 })
                 .await

@@ -51,7 +51,7 @@ async fn server_restarted_while_clients_call() {
                         // Some calls sit in their handler for a while, some go by rendezvous.
                         let req = EchoRequest {
                             message: format!("{t}/{i}"),
-                            payload: pattern(i, if i.is_multiple_of(10) { 100_000 } else { 100 }),
+                            payload: pattern(i, if i.is_multiple_of(10) { 100_000 } else { 100 }).into(),
                             delay_ms: (i % 3 * 20) as u32,
                             ..Default::default()
                         };

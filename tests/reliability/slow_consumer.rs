@@ -27,7 +27,7 @@ async fn slow_consumer_back_pressure() {
         let mut c = echo(&ch);
         // Warm up: buffers and pools of a 1 MiB exchange exist before measuring.
         c.unary_echo(EchoRequest {
-            payload: vec![1; MSG],
+            payload: vec![1; MSG].into(),
             ..Default::default()
         })
         .await

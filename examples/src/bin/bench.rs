@@ -311,7 +311,7 @@ impl Client {
             Some((StreamKind::Server, n)) => {
                 let req = EchoRequest {
                     reply_bytes: req.payload.len() as u64,
-                    payload: Vec::new(),
+                    payload: bytes::Bytes::new(),
                     count: *n,
                     ..req
                 };
@@ -462,7 +462,7 @@ struct Budget {
 /// The request every call of a cell sends (a clone of it per call).
 fn request(payload: usize, echo: bool) -> EchoRequest {
     EchoRequest {
-        payload: vec![0x5a; payload],
+        payload: vec![0x5a; payload].into(),
         reply_bytes: if echo { 0 } else { 1 },
         ..Default::default()
     }

@@ -165,7 +165,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     for _ in 0..args.calls {
         echo.unary_echo(EchoRequest {
-            payload: vec![7; 64],
+            payload: vec![7; 64].into(),
             ..Default::default()
         })
         .await?;
@@ -181,7 +181,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     let r = echo
         .unary_echo(EchoRequest {
-            payload: payload.clone(),
+            payload: payload.clone().into(),
             ..Default::default()
         })
         .await?

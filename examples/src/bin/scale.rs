@@ -634,7 +634,7 @@ fn histogram() -> Histogram<u64> {
 
 fn request(payload: usize) -> EchoRequest {
     EchoRequest {
-        payload: vec![0x5a; payload],
+        payload: vec![0x5a; payload].into(),
         reply_bytes: 1,
         ..Default::default()
     }
