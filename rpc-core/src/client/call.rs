@@ -235,11 +235,15 @@ pub(super) async fn msg_call(
             }
         }
         let open_ends = end && ready.is_empty();
-        let (stream, mut rx, window) = shared.open_stream(|id| {
-            // Checked against `limit` just above: cannot fail here.
-            crate::protocol::frame::encode_open(id, path, remaining, &md, open_ends, limit)
-                .unwrap_or_default()
-        })?;
+        // A unary request (all of it ready) follows its OPEN at once.
+        let (stream, mut rx, window) = shared.open_stream(
+            |id| {
+                // Checked against `limit` just above: cannot fail here.
+                crate::protocol::frame::encode_open(id, path, remaining, &md, open_ends, limit)
+                    .unwrap_or_default()
+            },
+            end && !ready.is_empty(),
+        )?;
         let mut guard = CallGuard {
             shared: shared.clone(),
             stream,
@@ -261,7 +265,7 @@ pub(super) async fn msg_call(
                 // If the call ended early (the server answered, or reset it), the
                 // answer is in `rx`: read it below rather than report the send.
                 if shared
-                    .send_body(stream, &window, d, i + 1 == n)
+                    .send_body(stream, &window, d, i + 1 == n, true)
                     .await
                     .is_err()
                 {
@@ -275,14 +279,14 @@ pub(super) async fn msg_call(
             tokio::spawn(async move {
                 let pump = async {
                     for d in ready {
-                        s.send_body(stream, &w, d, false).await?;
+                        s.send_body(stream, &w, d, false, false).await?;
                     }
                     loop {
                         match body.frame().await {
                             Some(Ok(f)) => {
                                 if let Ok(data) = f.into_data() {
                                     let last = http_body::Body::is_end_stream(&body);
-                                    s.send_body(stream, &w, data, last).await?;
+                                    s.send_body(stream, &w, data, last, false).await?;
                                     if last {
                                         return Ok(());
                                     }
@@ -293,7 +297,9 @@ pub(super) async fn msg_call(
                                 s.reset_stream(stream, st.clone());
                                 return Err(st);
                             }
-                            None => return s.send_body(stream, &w, Bytes::new(), true).await,
+                            None => {
+                                return s.send_body(stream, &w, Bytes::new(), true, false).await
+                            }
                         }
                     }
                 };

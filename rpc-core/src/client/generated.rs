@@ -341,11 +341,16 @@ impl Call {
             };
             let remaining = deadline.map(|(at, _)| at.saturating_duration_since(Instant::now()));
             let mut encoded = Err(None);
-            let (stream, rx, window) = shared.open_stream(|id| {
-                encoded = frame::encode_open_with(id, path, remaining, &md, extra, false, limit)
-                    .map_err(Some);
-                encoded.clone().unwrap_or_default()
-            })?;
+            // The request's DATA(END_STREAM) follows the OPEN at once.
+            let (stream, rx, window) = shared.open_stream(
+                |id| {
+                    encoded =
+                        frame::encode_open_with(id, path, remaining, &md, extra, false, limit)
+                            .map_err(Some);
+                    encoded.clone().unwrap_or_default()
+                },
+                true,
+            )?;
             let guard = CallGuard {
                 shared: shared.clone(),
                 stream,
@@ -362,7 +367,7 @@ impl Call {
             }
             // If the call ended early (the server answered, or reset it),
             // the answer is in `rx`: read it rather than report the send.
-            let _ = shared.send_body(stream, &window, data, true).await;
+            let _ = shared.send_body(stream, &window, data, true, false).await;
             Ok(Opened {
                 shared,
                 stream,

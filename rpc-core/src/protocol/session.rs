@@ -547,14 +547,51 @@ impl Shared {
         let _ = self.push(frame, 0, flush);
     }
 
+    /// As [`send_ctrl`](Self::send_ctrl) for an OPEN or HEADERS that this
+    /// task follows with a flushing frame (its call's DATA with END_STREAM,
+    /// or its TRAILERS) without waiting for anything else first, or with a
+    /// wait that wakes the writer ([`reserve_or_wake`](Self::reserve_or_wake)): the writer
+    /// is not woken for it (`outbox` module docs).
+    pub(crate) fn send_ctrl_followed(&self, frame: Bytes) {
+        let _ = self.push_parts_then(frame, Bytes::new(), 0, false, false);
+    }
+
     /// Hands a frame to the outbox; false once the connection is closed.
     fn push(&self, frame: Bytes, budget: u32, flush: bool) -> bool {
         self.push_parts(frame, Bytes::new(), budget, flush)
     }
 
+    /// Takes up to `want` bytes of `window`: at once when it is open, else
+    /// after waking the session's writer and waiting. A task that pushed
+    /// frames without waking the writer
+    /// ([`send_ctrl_followed`](Self::send_ctrl_followed), a followed
+    /// [`send_body`](Self::send_body)) so never sleeps with them unsent.
+    async fn reserve_or_wake(&self, window: &SendWindow, want: usize) -> Result<usize, Status> {
+        match window.try_reserve(want) {
+            Some(r) => r,
+            None => {
+                self.outbox.wake_writer();
+                window.reserve(want).await
+            }
+        }
+    }
+
     /// [`push`](Self::push) for the frame `head ++ body`, sent as a gather.
     fn push_parts(&self, head: Bytes, body: Bytes, budget: u32, flush: bool) -> bool {
-        match self.outbox.push_parts(head, body, budget, flush) {
+        self.push_parts_then(head, body, budget, flush, true)
+    }
+
+    /// [`push_parts`](Self::push_parts); without `flush`, `wake` says whether
+    /// the writer is woken for the frame.
+    fn push_parts_then(
+        &self,
+        head: Bytes,
+        body: Bytes,
+        budget: u32,
+        flush: bool,
+        wake: bool,
+    ) -> bool {
+        match self.outbox.push_parts(head, body, budget, flush, wake) {
             Pushed::Queued => true,
             Pushed::Sent(sent) => {
                 self.sent(sent.budget, &sent.result);
@@ -577,8 +614,17 @@ impl Shared {
 
     /// Queues a DATA frame after taking its bytes from the queue budget;
     /// `last` (END_STREAM) sends it, with what is queued, from this task.
-    async fn send_data(&self, frame: Bytes, n: usize, last: bool) -> Result<(), Status> {
-        self.send_data_parts(frame, Bytes::new(), n, last).await
+    /// `followed`: this task pushes a flushing frame next, so the writer is
+    /// not woken for this one ([`send_ctrl_followed`](Self::send_ctrl_followed)).
+    async fn send_data(
+        &self,
+        frame: Bytes,
+        n: usize,
+        last: bool,
+        followed: bool,
+    ) -> Result<(), Status> {
+        self.send_data_parts(frame, Bytes::new(), n, last, followed)
+            .await
     }
 
     /// [`send_data`](Self::send_data) for a DATA frame given as its header
@@ -589,16 +635,27 @@ impl Shared {
         body: Bytes,
         n: usize,
         last: bool,
+        followed: bool,
     ) -> Result<(), Status> {
         let n32 = n.min(OUT_QUEUE_BYTES) as u32;
         if n32 > 0 {
-            self.out_budget
-                .acquire_many(n32)
-                .await
-                .map_err(|_| Status::unavailable("connection closed"))?
-                .forget();
+            match self.out_budget.try_acquire_many(n32) {
+                Ok(p) => p.forget(),
+                Err(tokio::sync::TryAcquireError::Closed) => {
+                    return Err(Status::unavailable("connection closed"))
+                }
+                Err(tokio::sync::TryAcquireError::NoPermits) => {
+                    // Frames this task queued without waking the writer go first.
+                    self.outbox.wake_writer();
+                    self.out_budget
+                        .acquire_many(n32)
+                        .await
+                        .map_err(|_| Status::unavailable("connection closed"))?
+                        .forget();
+                }
+            }
         }
-        if self.push_parts(frame, body, n32, last) {
+        if self.push_parts_then(frame, body, n32, last, !followed) {
             Ok(())
         } else {
             Err(self.closed_status())
@@ -647,9 +704,13 @@ impl Shared {
     /// Client: registers a new call and queues its OPEN frame (built by `open`
     /// from the id) under the same lock, so OPENs leave in increasing id order
     /// (§1.3). Returns the id, the inbound queue and the send window.
+    ///
+    /// `followed`: this task sends the request's end next
+    /// ([`send_ctrl_followed`](Self::send_ctrl_followed)).
     pub(crate) fn open_stream(
         &self,
         open: impl FnOnce(u32) -> Bytes,
+        followed: bool,
     ) -> Result<(u32, InboundRx, CallWindow), Status> {
         let mut s = lock(&self.state);
         if let Some(st) = &s.closed {
@@ -670,7 +731,11 @@ impl Shared {
                 Status::unavailable("stream ids exhausted on this connection; reconnect")
             }
         })?;
-        self.send_ctrl(open(id));
+        if followed {
+            self.send_ctrl_followed(open(id));
+        } else {
+            self.send_ctrl(open(id));
+        }
         Ok((id, rx, window))
     }
 
@@ -725,17 +790,41 @@ impl Shared {
     }
 
     /// Sends body bytes of one call, split by window and frame size (§1.4).
+    /// `followed`: when the body does not end here, this task pushes a
+    /// flushing frame (its TRAILERS) right after, so its DATA frames do not
+    /// wake the writer ([`send_ctrl_followed`](Self::send_ctrl_followed));
+    /// every wait in between wakes it ([`reserve_or_wake`](Self::reserve_or_wake)), and so
+    /// does a failure.
     pub(crate) async fn send_body(
+        &self,
+        id: u32,
+        window: &SendWindow,
+        data: Bytes,
+        end_stream: bool,
+        followed: bool,
+    ) -> Result<(), Status> {
+        let r = self
+            .send_body_frames(id, window, data, end_stream, followed)
+            .await;
+        if r.is_err() {
+            // Frames this task queued without waking the writer go now.
+            self.outbox.wake_writer();
+        }
+        r
+    }
+
+    async fn send_body_frames(
         &self,
         id: u32,
         window: &SendWindow,
         mut data: Bytes,
         end_stream: bool,
+        followed: bool,
     ) -> Result<(), Status> {
         if data.is_empty() {
             if end_stream {
                 return self
-                    .send_data(frame::encode_data(id, &[], true), 0, true)
+                    .send_data(frame::encode_data(id, &[], true), 0, true, false)
                     .await;
             }
             return Ok(());
@@ -743,8 +832,10 @@ impl Shared {
         while !data.is_empty() {
             // Stream credit first (only this call can use it), then connection credit;
             // stream credit not covered by the connection's goes back (§1.4).
-            let n = window.reserve(data.len().min(self.max_data)).await?;
-            let k = self.conn_window.reserve(n).await?;
+            let n = self
+                .reserve_or_wake(window, data.len().min(self.max_data))
+                .await?;
+            let k = self.reserve_or_wake(&self.conn_window, n).await?;
             if k < n {
                 // `k < n <= max_data`, a frame's payload: fits in u32.
                 let _ = window.grant(id, u32::try_from(n - k).unwrap_or(u32::MAX));
@@ -752,13 +843,15 @@ impl Shared {
             let n = k;
             let chunk = data.split_to(n);
             let last = end_stream && data.is_empty();
+            // Frames before the body's last are followed by it.
+            let followed = followed || (end_stream && !last);
             if chunk.len() >= GATHER_MIN_BYTES {
                 // Header and payload go to the transport as two parts: the
                 // payload is copied once, by the transport.
-                self.send_data_parts(frame::encode_data_head(id, last), chunk, n, last)
+                self.send_data_parts(frame::encode_data_head(id, last), chunk, n, last, followed)
                     .await?;
             } else {
-                self.send_data(frame::encode_data(id, &chunk, last), n, last)
+                self.send_data(frame::encode_data(id, &chunk, last), n, last, followed)
                     .await?;
             }
         }

@@ -57,6 +57,22 @@ impl SendWindow {
         }
     }
 
+    /// As [`reserve`](Self::reserve) without waiting: `None` when it would
+    /// wait (no window open now).
+    pub(crate) fn try_reserve(&self, want: usize) -> Option<Result<usize, Status>> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(st) = s.closed.status() {
+            return Some(Err(st));
+        }
+        if want == 0 {
+            return Some(Ok(0));
+        }
+        match s.credit.take(want) {
+            0 => None,
+            n => Some(Ok(n)),
+        }
+    }
+
     /// Waits until some window is open and takes up to `want` bytes of it.
     /// Fails once the call is closed.
     pub(crate) async fn reserve(&self, want: usize) -> Result<usize, Status> {

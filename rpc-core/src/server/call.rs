@@ -148,7 +148,7 @@ async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall
                 Some(Ok(f)) => match f.into_data() {
                     Ok(data) => {
                         if shared
-                            .send_body(stream, &window, data, false)
+                            .send_body(stream, &window, data, false, false)
                             .await
                             .is_err()
                         {

@@ -149,10 +149,15 @@ impl ServerCall {
                 Err(st) => return send_status(&shared, stream, st),
             };
             drop(msg);
-            if !send_headers(&shared, stream, &message::sanitized(md)) {
+            // HEADERS, DATA and TRAILERS leave together: the TRAILERS flush.
+            if !send_headers(&shared, stream, &message::sanitized(md), true) {
                 return;
             }
-            if shared.send_body(stream, &window, data, false).await.is_ok() {
+            if shared
+                .send_body(stream, &window, data, false, true)
+                .await
+                .is_ok()
+            {
                 send_ok(&shared, stream);
             }
         })
@@ -174,7 +179,7 @@ impl ServerCall {
                 Ok(r) => r.into_parts(),
                 Err(st) => return send_status(&shared, stream, st),
             };
-            if !send_headers(&shared, stream, &message::sanitized(md)) {
+            if !send_headers(&shared, stream, &message::sanitized(md), false) {
                 return;
             }
             let mut replies = std::pin::pin!(replies);
@@ -186,7 +191,7 @@ impl ServerCall {
                     Err(st) => return send_status(&shared, stream, st),
                 };
                 if shared
-                    .send_body(stream, &window, data, false)
+                    .send_body(stream, &window, data, false, false)
                     .await
                     .is_err()
                 {
@@ -306,10 +311,18 @@ impl ServerCall {
 }
 
 /// The response's HEADERS: the handler's metadata (without the names tonic
-/// reserves, [`message::sanitized`]) and tonic's content type.
-fn send_headers(shared: &Shared, stream: u32, md: &http::HeaderMap) -> bool {
+/// reserves, [`message::sanitized`]) and tonic's content type. `followed`:
+/// this task flushes next ([`Shared::send_ctrl_followed`]).
+fn send_headers(shared: &Shared, stream: u32, md: &http::HeaderMap, followed: bool) -> bool {
     const CONTENT_TYPE: &[(&str, &[u8])] = &[("content-type", b"application/grpc")];
-    send_metadata_with(shared, stream, frame::kind::HEADERS, md, CONTENT_TYPE)
+    send_metadata_with(
+        shared,
+        stream,
+        frame::kind::HEADERS,
+        md,
+        CONTENT_TYPE,
+        followed,
+    )
 }
 
 /// The TRAILERS of a call that succeeded: `grpc-status: 0` only.
@@ -321,21 +334,28 @@ fn send_ok(shared: &Shared, stream: u32) {
         frame::kind::TRAILERS,
         &http::HeaderMap::new(),
         OK,
+        false,
     );
 }
 
-/// [`send_metadata`] with `extra` entries after `md`'s (no map built).
+/// [`send_metadata`] with `extra` entries after `md`'s (no map built);
+/// `followed` as [`Shared::send_ctrl_followed`].
 fn send_metadata_with(
     shared: &Shared,
     stream: u32,
     kind: u8,
     md: &http::HeaderMap,
     extra: &[(&str, &[u8])],
+    followed: bool,
 ) -> bool {
     let limit = shared.peer.max_metadata_bytes as usize;
     match frame::encode_metadata_frame_with(kind, stream, md, extra, limit) {
         Ok(f) => {
-            shared.send_ctrl(f);
+            if followed {
+                shared.send_ctrl_followed(f);
+            } else {
+                shared.send_ctrl(f);
+            }
             true
         }
         // Over the client's limit: the map-based path reports and resets.

@@ -18,7 +18,12 @@
 //! Frames that a flush usually follows at once (OPEN before a unary
 //! request's DATA, response HEADERS and DATA before the TRAILERS) are pushed
 //! without a flush: the writer is woken for them as a backstop, but the task
-//! that ends the call usually sends them first, all in one message.
+//! that ends the call usually sends them first, all in one message. A task
+//! that *knows* it pushes a flushing frame next (a unary call whose request
+//! or reply is all there) pushes without waking the writer at all
+//! (`wake: false`): it then flushes, or wakes the writer itself before it
+//! waits for anything (`Shared::reserve_or_wake`), so a frame never waits unsent
+//! behind a task that sleeps.
 
 use crate::conn::FrameSender;
 use crate::protocol::frame;
@@ -157,12 +162,21 @@ impl Outbox {
     /// waiting.
     #[cfg(test)]
     pub(super) fn push(&self, frame: Bytes, budget: u32, flush: bool) -> Pushed {
-        self.push_parts(frame, Bytes::new(), budget, flush)
+        self.push_parts(frame, Bytes::new(), budget, flush, true)
     }
 
     /// Queues the frame `head ++ body` (holding `budget` DATA bytes), sent as a
-    /// gather (the payload is not copied into a frame buffer first).
-    pub(super) fn push_parts(&self, head: Bytes, body: Bytes, budget: u32, flush: bool) -> Pushed {
+    /// gather (the payload is not copied into a frame buffer first). Without
+    /// `flush`, `wake` says whether the writer is woken for it (see the
+    /// module docs for who may leave it asleep).
+    pub(super) fn push_parts(
+        &self,
+        head: Bytes,
+        body: Bytes,
+        budget: u32,
+        flush: bool,
+        wake: bool,
+    ) -> Pushed {
         let mut inner = self.lock();
         if inner.done {
             return Pushed::Closed;
@@ -183,7 +197,7 @@ impl Outbox {
         }
         let queued = !inner.queue.is_empty();
         drop(inner);
-        if queued {
+        if queued && (flush || wake) {
             self.wake.notify_one();
         }
         sent.map_or(Pushed::Queued, Pushed::Sent)
@@ -393,7 +407,13 @@ mod tests {
         let out = Outbox::new(tx, 1 << 20);
         let payload = Bytes::from(vec![7u8; 10_000]);
         let _ = out.push(data(1, 1, false), 1, false);
-        let _ = out.push_parts(frame::encode_data_head(1, false), payload.clone(), 9, false);
+        let _ = out.push_parts(
+            frame::encode_data_head(1, false),
+            payload.clone(),
+            9,
+            false,
+            true,
+        );
         let sent = pushed_sent(out.push(data(1, 2, true), 1, true));
         assert!(sent.result.is_ok());
         assert_eq!(sent.budget, 11);
