@@ -372,6 +372,31 @@ mod tests {
         }
     }
 
+    /// A push that leaves the writer asleep (`wake: false`) gives it no
+    /// wake-up; one that does not say so, or a flush, does.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_followed_push_leaves_the_writer_asleep() {
+        use futures::FutureExt;
+        let (a, _b) = mem::pair();
+        let (tx, _) = a.split();
+        let out = Outbox::new(tx, 1024);
+        let quiet = out.push_parts(data(1, 1, false), Bytes::new(), 1, false, false);
+        assert!(matches!(quiet, Pushed::Queued));
+        assert!(
+            out.wake.notified().now_or_never().is_none(),
+            "no wake-up for a followed push"
+        );
+        assert!(matches!(
+            out.push_parts(data(3, 1, false), Bytes::new(), 1, false, true),
+            Pushed::Queued
+        ));
+        assert!(
+            out.wake.notified().now_or_never().is_some(),
+            "a plain push wakes the writer"
+        );
+        assert_eq!(out.lock().queue.len(), 2);
+    }
+
     /// Without a flush a frame waits; the flushing push sends it and the
     /// frame after it as one BATCH from the pushing task: the peer has the
     /// message before any other task ran.
