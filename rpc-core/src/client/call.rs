@@ -192,21 +192,9 @@ pub(super) async fn msg_call(
     }
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let work = async {
-        let (shared, permit) = match slot {
-            // Reserved by `poll_ready` (a slot on a session that was live then;
-            // if it closed since, OPEN fails below with its status).
-            Some(slot) => slot,
-            None => {
-                let shared = chan.session().await?;
-                let permit = shared
-                    .call_permits
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .map_err(|_| shared.closed_status())?;
-                (shared, permit)
-            }
-        };
+        // A slot reserved by `poll_ready` is on a session that was live then;
+        // if it closed since, OPEN fails below with its status.
+        let (shared, permit) = chan.slot(slot).await?;
         let limit = shared.peer.max_metadata_bytes as usize;
         if let Err(e) = crate::protocol::frame::check_metadata(&md, limit) {
             return Err(Status::resource_exhausted(format!(

@@ -319,19 +319,7 @@ impl Call {
         let chan = self.chan;
         let reserved = self.slot.filter(|(s, _)| !s.is_unusable());
         let opening = async move {
-            let (shared, permit) = match reserved.or_else(|| chan.try_reserve()) {
-                Some(slot) => slot,
-                None => {
-                    let shared = chan.session().await?;
-                    let permit = shared
-                        .call_permits
-                        .clone()
-                        .acquire_owned()
-                        .await
-                        .map_err(|_| shared.closed_status())?;
-                    (shared, permit)
-                }
-            };
+            let (shared, permit) = chan.slot(reserved).await?;
             let limit = shared.peer.max_metadata_bytes as usize;
             let ua = [("user-agent", chan.user_agent.as_bytes())];
             let extra: &[(&str, &[u8])] = if md.contains_key(http::header::USER_AGENT) {

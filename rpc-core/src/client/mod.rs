@@ -261,6 +261,22 @@ impl MsgChannel {
         Some((s.clone(), permit))
     }
 
+    /// A call slot: `reserved` (by `poll_ready`) if given, else a free one
+    /// now, else the session's next free one (connecting first if needed).
+    async fn slot(&self, reserved: Option<Slot>) -> Result<Slot, Status> {
+        if let Some(slot) = reserved.or_else(|| self.try_reserve()) {
+            return Ok(slot);
+        }
+        let shared = self.session().await?;
+        let permit = shared
+            .call_permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| shared.closed_status())?;
+        Ok((shared, permit))
+    }
+
     async fn session(&self) -> Result<Arc<Shared>, Status> {
         let mut guard = self.session.lock().await;
         if let Some(s) = guard.as_ref() {

@@ -11,6 +11,7 @@ use crate::protocol::{frame, timeout};
 use crate::ConnInfo;
 use http_body_util::BodyExt;
 use std::sync::Arc;
+use std::time::Duration;
 use tonic::body::Body;
 use tonic::service::Routes;
 use tonic::{Code, Status};
@@ -92,19 +93,7 @@ async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall
         inbound,
         window,
     } = call;
-    if let Some(t) = call_timeout {
-        // The encoded string's bytes become the value's (no copy).
-        if let Ok(v) = http::HeaderValue::try_from(timeout::encode(t)) {
-            metadata.insert(const { http::HeaderName::from_static("grpc-timeout") }, v);
-        }
-    }
-    if !metadata.contains_key(http::header::CONTENT_TYPE) {
-        metadata.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/grpc"),
-        );
-    }
-    metadata.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    request_headers(&mut metadata, call_timeout);
     let _end = EndCall {
         shared: shared.clone(),
         stream,
@@ -179,11 +168,42 @@ async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall
             }
         }
     };
+    within_deadline(&shared, stream, call_timeout, work).await;
+    // `_end` finishes the call.
+}
+
+/// The request headers tonic's HTTP/2 path shows a handler: the deadline as
+/// `grpc-timeout`, `content-type` and `te` (both paths of a message
+/// connection's call, tonic's and the direct one).
+pub(super) fn request_headers(metadata: &mut http::HeaderMap, call_timeout: Option<Duration>) {
+    if let Some(t) = call_timeout {
+        // The encoded string's bytes become the value's (no copy).
+        if let Ok(v) = http::HeaderValue::try_from(timeout::encode(t)) {
+            metadata.insert(const { http::HeaderName::from_static("grpc-timeout") }, v);
+        }
+    }
+    if !metadata.contains_key(http::header::CONTENT_TYPE) {
+        metadata.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+    }
+    metadata.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+}
+
+/// Runs `work` (a call's handler and its response) within the call's
+/// deadline; past it, the call ends DEADLINE_EXCEEDED.
+pub(super) async fn within_deadline(
+    shared: &Shared,
+    stream: u32,
+    call_timeout: Option<Duration>,
+    work: impl std::future::Future<Output = ()>,
+) {
     match call_timeout {
         Some(t) => {
             if tokio::time::timeout(t, work).await.is_err() {
                 send_status(
-                    &shared,
+                    shared,
                     stream,
                     Status::new(
                         Code::DeadlineExceeded,
@@ -196,7 +216,6 @@ async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall
         }
         None => work.await,
     }
-    // `_end` finishes the call.
 }
 
 /// What tonic's HTTP/2 server puts in a request's extensions, for a call on a

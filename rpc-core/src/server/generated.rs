@@ -18,19 +18,20 @@
 //! compressed request, a server with layers. The bytes on the wire are
 //! the same either way.
 
-use super::call::{insert_conn_info, send_metadata, send_status, EndCall};
+use super::call::{
+    insert_conn_info, request_headers, send_metadata, send_status, within_deadline, EndCall,
+};
 use crate::protocol::body::RecvBody;
 use crate::protocol::frame;
 use crate::protocol::message::{self, End};
 use crate::protocol::session::{CallFuture, CallWindow, OpenCall, Shared};
-use crate::protocol::timeout;
 use futures::{Stream, StreamExt};
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use tonic::{Code, Status};
+use tonic::Status;
 
 /// A generated service's methods on the direct path (implemented by the
 /// code `rpc_codegen` generates; not meant to be implemented by hand).
@@ -243,20 +244,7 @@ impl ServerCall {
                 shared: shared.clone(),
                 stream,
             };
-            if let Some(t) = call_timeout {
-                // What the handler sees of its deadline, as on tonic's path.
-                if let Ok(v) = http::HeaderValue::try_from(timeout::encode(t)) {
-                    metadata.insert(const { http::HeaderName::from_static("grpc-timeout") }, v);
-                }
-            }
-            // The request headers tonic's path shows a handler (`call.rs`).
-            if !metadata.contains_key(http::header::CONTENT_TYPE) {
-                metadata.insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/grpc"),
-                );
-            }
-            metadata.insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+            request_headers(&mut metadata, call_timeout);
             let work = async {
                 let mut body = RecvBody::new(inbound, shared.clone(), stream, None, None);
                 let mut reader = message::Reader::new(limits.max_decoding_message_size);
@@ -282,23 +270,7 @@ impl ServerCall {
                 respond(shared.clone(), stream, window, req).await;
                 drop(body);
             };
-            match call_timeout {
-                Some(t) => {
-                    if tokio::time::timeout(t, work).await.is_err() {
-                        send_status(
-                            &shared,
-                            stream,
-                            Status::new(
-                                Code::DeadlineExceeded,
-                                format!(
-                                    "deadline exceeded: the server did not finish the call within {t:?}"
-                                ),
-                            ),
-                        );
-                    }
-                }
-                None => work.await,
-            }
+            within_deadline(&shared, stream, call_timeout, work).await;
         };
         DirectFuture(match span {
             None => Box::pin(fut),
