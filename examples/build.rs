@@ -12,6 +12,7 @@ fn main() {
             "../proto/helloworld.proto",
             "../proto/routeguide.proto",
             "../proto/echo.proto",
+            "../proto/blobstore.proto",
         ],
         &["../proto"],
     ) {

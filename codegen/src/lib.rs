@@ -280,6 +280,29 @@ pub fn compile_with(
     compile_with_options(builder, Options::default(), protos, includes)
 }
 
+/// `rdma_grpc/remote.proto`, the descriptor of rpc-core's remote memory
+/// (`rpc_core::remote`), for protos that import it.
+pub const REMOTE_PROTO: &str = include_str!("../../proto/rdma_grpc/remote.proto");
+
+/// A directory holding `rdma_grpc/remote.proto` (under `$OUT_DIR`, else the
+/// system's temporary directory), added last to the include path.
+fn remote_proto_include() -> Result<PathBuf, Error> {
+    let base = std::env::var_os("OUT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base.join("rpc_codegen_include");
+    let file = dir.join("rdma_grpc").join("remote.proto");
+    let write = || -> std::io::Result<()> {
+        if std::fs::read_to_string(&file).ok().as_deref() != Some(REMOTE_PROTO) {
+            std::fs::create_dir_all(file.parent().expect("has a parent"))?;
+            std::fs::write(&file, REMOTE_PROTO)?;
+        }
+        Ok(())
+    };
+    write().map_err(|e| Error::msg(format!("writing {}: {e}", file.display())))?;
+    Ok(dir)
+}
+
 /// As [`compile_with`], with [`Options`] for what rpc-codegen adds.
 pub fn compile_with_options(
     builder: tonic_prost_build::Builder,
@@ -296,8 +319,17 @@ pub fn compile_with_options(
     } else {
         builder
     };
+    // `import "rdma_grpc/remote.proto"` finds the file rpc-core's remote
+    // memory speaks, and its package is rpc-core's (`remote::proto`).
+    let remote_dir = remote_proto_include()?;
+    let builder = builder.extern_path(
+        ".rdma_grpc",
+        format!("{}::remote::proto", options.rpc_core_path),
+    );
+    let mut includes: Vec<PathBuf> = includes.iter().map(|i| i.as_ref().to_path_buf()).collect();
+    includes.push(remote_dir);
     // protox::compile keeps imports and source info.
-    let fds = protox::compile(protos, includes)?;
+    let fds = protox::compile(protos, &includes)?;
     if let Some(path) = &settings.file_descriptor_set_path {
         use prost::Message;
         std::fs::write(path, fds.encode_to_vec()).map_err(|e| {
@@ -310,8 +342,8 @@ pub fn compile_with_options(
     for p in protos {
         println!("cargo:rerun-if-changed={}", p.as_ref().display());
     }
-    for i in includes {
-        println!("cargo:rerun-if-changed={}", i.as_ref().display());
+    for i in &includes[..includes.len() - 1] {
+        println!("cargo:rerun-if-changed={}", i.display());
     }
     let clients = (options.rdma_connect && settings.build_client).then(|| clients_by_file(&fds));
     let direct = options.direct_path.then(|| services_by_file(&fds));
@@ -839,7 +871,9 @@ pub fn check(
     protos: &[impl AsRef<Path>],
     includes: &[impl AsRef<Path>],
 ) -> Result<Vec<PathBuf>, Error> {
-    let fds = protox::compile(protos, includes)?;
+    let mut includes: Vec<PathBuf> = includes.iter().map(|i| i.as_ref().to_path_buf()).collect();
+    includes.push(remote_proto_include()?);
+    let fds = protox::compile(protos, &includes)?;
     Ok(fds
         .file
         .iter()

@@ -13,12 +13,16 @@ pub mod pb {
     pub mod echo {
         tonic::include_proto!("echo");
     }
+    pub mod blobstore {
+        tonic::include_proto!("blobstore");
+    }
     /// The encoded `FileDescriptorSet` of every example `.proto` (for
     /// tonic-reflection), written by `rpc_codegen` at build time.
     pub const FILE_DESCRIPTOR_SET: &[u8] =
         tonic::include_file_descriptor_set!("examples_descriptor");
 }
 
+pub mod blobstore;
 pub mod echo;
 pub mod greeter;
 pub mod routeguide;

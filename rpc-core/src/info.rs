@@ -258,6 +258,15 @@ pub struct ConnInfo {
     pub local: Option<std::net::SocketAddr>,
     /// The TLS identity an RDMA connection was admitted with.
     pub(crate) tls: Option<TlsPeer>,
+    /// The connection's process-wide number (0: not a session's yet), for
+    /// the regions exposed on it (`crate::remote`).
+    pub(crate) id: u64,
+}
+
+/// A new connection number for [`ConnInfo`] (never 0).
+pub(crate) fn next_conn_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl ConnInfo {
@@ -269,6 +278,7 @@ impl ConnInfo {
             peer,
             local: None,
             tls: None,
+            id: 0,
         }
     }
 

@@ -49,6 +49,8 @@ mod error;
 mod hash;
 mod info;
 mod protocol;
+mod region;
+pub mod remote;
 mod server;
 mod transport;
 

@@ -20,6 +20,7 @@ mod iwarp;
 mod large_messages;
 mod metadata;
 mod metadata_limit;
+mod remote_memory;
 mod reprobe;
 mod server_reset;
 mod server_streaming;

@@ -252,6 +252,33 @@ impl Drop for MsgChannel {
     }
 }
 
+/// The connection a channel's remote-memory operations go over
+/// (`crate::remote`).
+pub(crate) enum RemoteTarget {
+    /// tonic's HTTP/2 channel.
+    Tcp,
+    /// A message connection (RDMA or in-memory).
+    Msg,
+}
+
+impl Channel {
+    /// The connection this channel uses now, connecting a lazy channel.
+    pub(crate) async fn remote_target(&self) -> Result<RemoteTarget, Status> {
+        let Svc::Direct(d) = &self.svc else {
+            return Err(Status::unimplemented(
+                "remote memory needs a channel with one connection: a balanced channel, or one \
+                 with a concurrency or rate limit, has none (use a channel to one endpoint)",
+            ));
+        };
+        d.core.ensure_connected().await.map_err(Status::from)?;
+        match d.core.current() {
+            Some(Inner::Tcp(_)) => Ok(RemoteTarget::Tcp),
+            Some(Inner::Msg(m)) => m.session().await.map(|_| RemoteTarget::Msg),
+            None => Err(Status::unavailable("channel not connected")),
+        }
+    }
+}
+
 impl MsgChannel {
     /// A call slot on the live session, if one is free right now (no waiting).
     fn try_reserve(&self) -> Option<Slot> {

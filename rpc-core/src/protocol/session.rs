@@ -180,6 +180,17 @@ pub(crate) struct Shared {
     changed: Notify,
     shutdown: Notify,
     shut: AtomicBool,
+    /// Run when the session is gone ([`Shared::on_end`]).
+    on_end: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let fs = std::mem::take(self.on_end.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for f in fs {
+            f();
+        }
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -188,6 +199,10 @@ impl std::fmt::Debug for Shared {
             .field("info", &self.info)
             .finish_non_exhaustive()
     }
+}
+
+fn lock_any<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -316,6 +331,10 @@ pub(crate) async fn start<C: Connection>(
     config: SessionConfig,
     acceptor: Option<Acceptor>,
 ) -> Result<Arc<Shared>, Status> {
+    let mut info = info;
+    if info.id == 0 {
+        info.id = crate::info::next_conn_id();
+    }
     let (mut tx, mut rx) = conn.split();
     let hook = acceptor.as_ref().and_then(|a| a.on_misbehaved.as_ref());
     let peer = match handshake(&mut tx, &mut rx, &config, &info, hook).await {
@@ -365,6 +384,7 @@ pub(crate) async fn start<C: Connection>(
         changed: Notify::new(),
         shutdown: Notify::new(),
         shut: AtomicBool::new(false),
+        on_end: Mutex::new(Vec::new()),
     });
     tokio::spawn(writer(shared.clone()));
     // Frames dispatched from the transport's own task where it can (RDMA:
@@ -670,6 +690,12 @@ impl Shared {
     }
 
     /// True when no new call may start on this session.
+    /// Runs `f` when the session is gone (its last reference dropped: the
+    /// connection closed and every call on it ended).
+    pub(crate) fn on_end(&self, f: impl FnOnce() + Send + 'static) {
+        lock_any(&self.on_end).push(Box::new(f));
+    }
+
     pub(crate) fn is_unusable(&self) -> bool {
         let s = lock(&self.state);
         s.closed.is_some() || s.streams.goaway_received()

@@ -217,10 +217,16 @@ impl Server {
 
     /// Serves already built routes (as tonic's `Server::add_routes`).
     pub fn add_routes(&mut self, routes: Routes) -> Router {
+        // Every server serves remote memory's service path
+        // (`crate::remote`): TCP and in-memory connections' clients reach
+        // the regions exposed to them through it.
+        let svc = crate::region::service::RemoteMemoryService;
+        let mut direct = Direct::default();
+        direct.add(crate::region::service::SERVICE, svc.clone());
         Router {
             server: self.clone(),
-            routes,
-            direct: Direct::default(),
+            routes: routes.add_service(svc),
+            direct,
         }
     }
 

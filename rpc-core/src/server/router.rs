@@ -24,6 +24,13 @@ use tonic::service::Routes;
 use tonic::Status;
 use tower::{Service, ServiceExt};
 
+/// The regions a client exposed on a message connection go when the
+/// connection does (nobody can revoke them any more).
+fn end_regions_with(s: &Shared) {
+    let conn = crate::region::table::ConnKey::Msg(s.info.id);
+    s.on_end(move || crate::region::table::table().connection_ended(conn));
+}
+
 /// A [`Server`] with its services, ready to serve.
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -377,6 +384,7 @@ impl Router {
         )
         .await
         .map_err(|s| Error::Handshake(s.message().to_string()))?;
+        end_regions_with(&shared);
         drop(shared);
         Ok(())
     }
@@ -412,13 +420,15 @@ impl Router {
         conn: C,
         info: ConnInfo,
     ) -> Result<Arc<Shared>, Status> {
-        session::start(
+        let s = session::start(
             conn,
             info,
             self.server.session.clone(),
             Some(self.acceptor()),
         )
-        .await
+        .await?;
+        end_regions_with(&s);
+        Ok(s)
     }
 
     /// Serves in-process over in-memory connections: each
