@@ -155,29 +155,20 @@ async fn bad_descriptors_get_their_own_status(fx: Fixture) {
         "a descriptor from another connection: {e:?}"
     );
 
-    // Forged: another token, another number, a longer length.
-    let e = remote
-        .read(
-            &RemoteRegion {
-                token: region.token ^ 0x5a5a,
-                ..region
-            },
-            0,
-            8,
-        )
-        .await;
-    assert_forged(e, "another token");
-    let e = remote
-        .read(
-            &RemoteRegion {
-                id: region.id.wrapping_add(1 << 40),
-                ..region
-            },
-            0,
-            8,
-        )
-        .await;
-    assert_forged(e, "another number");
+    // Forged: another key (the token of the service path, the rkey of the
+    // one-sided path), another region (number, address), a longer length.
+    let key = RemoteRegion {
+        token: region.token ^ 0x5a5a,
+        rkey: region.rkey ^ 0x5a5a_0000,
+        ..region
+    };
+    assert_forged(remote.read(&key, 0, 8).await, "another key");
+    let elsewhere = RemoteRegion {
+        id: region.id.wrapping_add(1 << 40),
+        addr: region.addr.wrapping_add(1 << 40),
+        ..region
+    };
+    assert_forged(remote.read(&elsewhere, 0, 8).await, "another region");
     let e = remote
         .read(
             &RemoteRegion {
