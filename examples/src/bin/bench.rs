@@ -28,8 +28,13 @@
 //! checked against a threshold.
 use clap::Parser;
 use hdrhistogram::Histogram;
+use rpc_core::remote::{Remote, RemoteRegion};
 use rpc_core::{Channel, Server, Transport};
+use rpc_examples::blobstore::Blobs;
 use rpc_examples::echo::EchoService;
+use rpc_examples::pb::blobstore::{
+    blob_store_client::BlobStoreClient, blob_store_server::BlobStoreServer, GetRequest,
+};
 use rpc_examples::pb::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoRequest};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -86,6 +91,10 @@ enum PathKind {
     Memory,
     /// As `Memory`, with the direct path on both sides.
     DirectMemory,
+    /// Remote memory (`rpc_core::remote`) over RDMA: one `Get` call hands out
+    /// a region of the server's memory, then each call of the cell reads
+    /// `payload` bytes of it (one-sided RDMA READ: no handler runs).
+    RemoteRead,
 }
 
 impl PathKind {
@@ -97,6 +106,7 @@ impl PathKind {
             PathKind::TcpFallback => "tcp-fallback",
             PathKind::TonicTcp => "tonic-tcp",
             PathKind::Memory => "memory",
+            PathKind::RemoteRead => "remote-read",
         }
     }
 }
@@ -111,9 +121,10 @@ impl FromStr for PathKind {
             "memory" | "mem" => PathKind::Memory,
             "direct" => PathKind::Direct,
             "direct-memory" => PathKind::DirectMemory,
+            "remote-read" => PathKind::RemoteRead,
             o => {
                 return Err(format!(
-                    "unknown path {o:?}: expected rdma, direct, tcp-fallback, tonic-tcp, memory or direct-memory"
+                    "unknown path {o:?}: expected rdma, direct, tcp-fallback, tonic-tcp, memory, direct-memory or remote-read"
                 ))
             }
         })
@@ -290,11 +301,18 @@ static STREAM: std::sync::OnceLock<(StreamKind, u32)> = std::sync::OnceLock::new
 enum Client {
     Ours(EchoClient<Channel>),
     Tonic(EchoClient<tonic::transport::Channel>),
+    /// Reads of a region the server exposed (`remote-read`).
+    Remote(Remote, RemoteRegion),
 }
 
 impl Client {
+    /// The reply bytes of one call: for a read, the bytes read.
     async fn call(&mut self, req: EchoRequest) -> Result<usize, tonic::Status> {
         use futures::StreamExt;
+        if let Client::Remote(remote, region) = self {
+            let n = req.payload.len() as u64;
+            return Ok(remote.read(region, 0, n).await?.len());
+        }
         match STREAM.get() {
             Some((StreamKind::Client, n)) => {
                 // The n-1 further clones of the request are counted in this
@@ -304,6 +322,7 @@ impl Client {
                 let r = match self {
                     Client::Ours(c) => c.client_streaming_echo(msgs).await?.into_inner(),
                     Client::Tonic(c) => c.client_streaming_echo(msgs).await?.into_inner(),
+                    Client::Remote(..) => unreachable!("answered above"),
                 };
                 // The call's request bytes, if every message arrived.
                 return Ok(if r.seq == *n { len } else { 0 });
@@ -329,6 +348,7 @@ impl Client {
                             total += m?.payload.len();
                         }
                     }
+                    Client::Remote(..) => unreachable!("answered above"),
                 }
                 return Ok(total);
             }
@@ -337,9 +357,34 @@ impl Client {
         let r = match self {
             Client::Ours(c) => c.unary_echo(req).await?.into_inner(),
             Client::Tonic(c) => c.unary_echo(req).await?.into_inner(),
+            Client::Remote(..) => unreachable!("answered above"),
         };
         Ok(r.payload.len())
     }
+}
+
+/// A `remote-read` client: the region of the server's blob, from `Get`.
+async fn remote_client(ch: Channel) -> Result<(Client, String), String> {
+    let t = ch.transport().to_string();
+    let got = BlobStoreClient::new(ch.clone())
+        .get(GetRequest {
+            name: "bench".into(),
+        })
+        .await
+        .map_err(|e| format!("Get: {e}"))?
+        .into_inner();
+    let region = got.blob.ok_or("Get answered no region")?;
+    let remote = Remote::of_channel(&ch)
+        .await
+        .map_err(|e| format!("remote memory: {e}"))?;
+    let how = match region.path {
+        p if p == rpc_core::remote::proto::Path::OneSided as i32 => "one-sided RDMA READ",
+        _ => "the RemoteMemory service",
+    };
+    Ok((
+        Client::Remote(remote, region),
+        format!("{t}, reads by {how}"),
+    ))
 }
 
 fn ours(ch: Channel) -> Client {
@@ -508,6 +553,7 @@ async fn drive(
 ) -> Result<(Histogram<u64>, u64), String> {
     let base = request(payload, echo);
     let expect = match STREAM.get() {
+        _ if matches!(client, Client::Remote(..)) => payload,
         Some((_, n)) => payload * *n as usize,
         None if echo => payload,
         None => 1,
@@ -691,7 +737,10 @@ async fn run_cell(
             };
             result.allocs_per_call = ours(|x| x.0, a1.0, a0.0) as f64 / nf;
             result.alloc_bytes_per_call = ours(|x| x.1, a1.1, a0.1) as f64 / nf;
-            if matches!(path, PathKind::Rdma | PathKind::Direct) {
+            if matches!(
+                path,
+                PathKind::Rdma | PathKind::Direct | PathKind::RemoteRead
+            ) {
                 result.rdma = Some(rdma_delta(&rdma0, &rdma1, n));
             }
         }
@@ -1021,11 +1070,19 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
         server_builder = server_builder.rdma_config(c);
     }
-    let router = server_builder.add_service(
-        EchoServer::new(EchoService::default())
-            .max_decoding_message_size(MAX_MSG)
-            .max_encoding_message_size(MAX_MSG),
-    );
+    // `remote-read` reads a blob as large as the largest payload.
+    let blobs = Blobs::default();
+    if args.paths.contains(&PathKind::RemoteRead) {
+        let largest = cells.iter().map(|c| c.0).max().unwrap_or(0);
+        blobs.insert("bench", vec![0x5a; largest].into());
+    }
+    let router = server_builder
+        .add_service(
+            EchoServer::new(EchoService::default())
+                .max_decoding_message_size(MAX_MSG)
+                .max_encoding_message_size(MAX_MSG),
+        )
+        .add_service(BlobStoreServer::new(blobs));
     // The tonic-stub rows (`rdma`, `memory`) are served with the direct path
     // off, the `direct` rows by a server with it on (the default).
     let tonic_router = router.clone().direct_path(false);
@@ -1080,7 +1137,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         };
         let addr = serving.map(|s| s.local_addr().to_string());
         let client: Result<(Client, String), String> = match path {
-            PathKind::Rdma | PathKind::Direct => {
+            PathKind::Rdma | PathKind::Direct | PathKind::RemoteRead => {
                 let devs = rdma_transport::devices().map_err(|e| e.to_string());
                 match devs {
                     Err(e) => Err(format!("listing RDMA devices failed: {e}")),
@@ -1099,13 +1156,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                         if let Some(c) = args.rdma_config() {
                             b = b.rdma_config(c);
                         }
-                        b.connect()
-                            .await
-                            .map(|c| {
+                        match b.connect().await {
+                            Err(e) => Err(format!("RdmaOnly connect failed: {e}")),
+                            Ok(c) if path == PathKind::RemoteRead => remote_client(c).await,
+                            Ok(c) => {
                                 let t = c.transport().to_string();
-                                (ours(c), t)
-                            })
-                            .map_err(|e| format!("RdmaOnly connect failed: {e}"))
+                                Ok((ours(c), t))
+                            }
+                        }
                     }
                 }
             }
