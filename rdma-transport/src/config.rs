@@ -187,6 +187,13 @@ pub struct Config {
     /// [`registered_bytes`](crate::registered_bytes). Zero keeps none (every
     /// block is deregistered when its connection lets it go). Default 16 MiB.
     pub device_pool_idle_bytes: usize,
+    /// Most bytes one connection exposes to its peer at a time
+    /// ([`RemoteMemory::expose`](crate::RemoteMemory::expose), wire
+    /// protocol §10): beyond it `expose` fails with
+    /// `ResourceError::ExposedBytes`. Exposed bytes are registered memory,
+    /// so they also count against `global_max_registered_bytes`.
+    /// Default 256 MiB.
+    pub max_exposed_bytes: usize,
 }
 
 impl Default for Config {
@@ -222,6 +229,7 @@ impl Default for Config {
             shared_receive_max_buffers: 16384,
             device_pool: true,
             device_pool_idle_bytes: 16 << 20,
+            max_exposed_bytes: 256 << 20,
         }
     }
 }

@@ -40,18 +40,21 @@ pub enum PeerMisbehaved {
         /// `wire::HELLO_LEN`.
         need: usize,
     },
-    /// The hello's `TICKET` flag is set but the private data is too short
-    /// to hold the ticket after the hello (§2.4).
-    #[error("bad hello: ticket flag set but private data has {len} bytes (need {need})")]
+    /// The hello's `TICKET` flag (§2.4), `SIDE` flag or, in a listener's
+    /// answer, `REMOTE` flag (§10) is set but the private data is too short
+    /// to hold the ticket or side token after the hello.
+    #[error(
+        "bad hello: ticket or side token flag set but private data has {len} bytes (need {need})"
+    )]
     HelloTicketTooShort {
         /// Bytes received.
         len: usize,
         /// `wire::HELLO_TICKET_LEN`.
         need: usize,
     },
-    /// The accepting side's hello carries a ticket (§2.4: only the
-    /// connecting side presents one).
-    #[error("bad hello: the accepting side's hello carries a ticket")]
+    /// The accepting side's hello carries a ticket or a side request flag
+    /// (§2.4, §10: only the connecting side presents either).
+    #[error("bad hello: the accepting side's hello carries a ticket or a side request flag")]
     HelloTicketFromListener,
     /// The hello does not start with the magic number.
     #[error("bad hello: bad magic {magic:#010x}")]
@@ -421,6 +424,18 @@ pub enum ResourceError {
         /// errno after the call.
         errno: Errno,
     },
+    /// Exposing `requested` more bytes to the peer would take this
+    /// connection over `Config::max_exposed_bytes` (`cap`); `in_use` bytes
+    /// were exposed on it then (§10.3).
+    #[error("exposing {requested} more bytes exceeds max_exposed_bytes ({cap}) of this connection; {in_use} exposed")]
+    ExposedBytes {
+        /// Bytes the exposure needed.
+        requested: usize,
+        /// `Config::max_exposed_bytes`.
+        cap: usize,
+        /// Bytes this connection exposed before it.
+        in_use: usize,
+    },
     /// The connection was closed while memory was being set up for it.
     #[error("the connection is closed")]
     Closed,
@@ -439,6 +454,68 @@ impl ResourceError {
             e => ResourceError::Other(e.to_string()),
         }
     }
+}
+
+/// Why a one-sided operation or an exposure failed (wire protocol §10):
+/// the detail of [`Error::Remote`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteError {
+    /// `offset + len` lies beyond the region the key describes (checked
+    /// here, before anything is posted).
+    #[error(
+        "{len} bytes at offset {offset} do not fit in the peer's region of {region_len} bytes"
+    )]
+    OutOfRange {
+        /// Offset asked for.
+        offset: u64,
+        /// Bytes asked for.
+        len: u64,
+        /// The key's `len`.
+        region_len: u64,
+    },
+    /// The key does not grant the operation (checked here, before anything
+    /// is posted).
+    #[error("the peer exposed this region for {granted:?} access; {wanted:?} is not allowed")]
+    AccessDenied {
+        /// What the operation needs.
+        wanted: crate::RemoteAccess,
+        /// What the key grants.
+        granted: crate::RemoteAccess,
+    },
+    /// The peer's NIC refused the operation (a remote access error): the key
+    /// was revoked (stale), belongs to another connection, or does not
+    /// cover the range or access asked for (a forged key). Keys survive a
+    /// reopened side queue pair, so that is never the reason. The main
+    /// connection is unaffected; ask the peer for a fresh key.
+    #[error("the peer's NIC refused the one-sided operation ({status}): the key is revoked, stale, from another connection, or does not cover this range or access")]
+    Refused {
+        /// The work completion status, as `ibv_wc_status_str` names it.
+        status: String,
+    },
+    /// A [`crate::Exposable::Shared`] buffer cannot be exposed for writing:
+    /// other `Bytes` may share it. Expose a `BytesMut` instead.
+    #[error("a shared (Bytes) buffer can only be exposed for Read; use Exposable::Owned (BytesMut) for write access")]
+    SharedNotWritable,
+    /// An empty buffer cannot be exposed.
+    #[error("an empty buffer cannot be exposed")]
+    Empty,
+    /// One operation moves at most `max` bytes.
+    #[error("a one-sided operation of {len} bytes exceeds the limit of {max} bytes; split it")]
+    TooLarge {
+        /// Bytes asked for.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// No one-sided channel to the peer: its reason (the peer does not
+    /// offer one-sided access, the side queue pair could not be opened or
+    /// failed twice for this operation, ...).
+    #[error("one-sided access unavailable: {0}")]
+    Unavailable(String),
+    /// The connection is closed (locally or by the peer).
+    #[error("one-sided access unavailable: the connection is closed")]
+    Closed,
 }
 
 /// Why a listener rejected a connect request, as the connecting side reads
@@ -624,6 +701,10 @@ pub enum Error {
     /// [`ResourceError`]).
     #[error("resource limit: {0}")]
     ResourceLimit(ResourceError),
+    /// A one-sided operation or an exposure failed (which way: the
+    /// [`RemoteError`]); the connection's messages are unaffected.
+    #[error("remote memory: {0}")]
+    Remote(RemoteError),
 }
 
 impl Error {
@@ -667,6 +748,17 @@ impl From<Error> for std::io::Error {
             Error::MessageTooLarge { .. } | Error::Config(_) => K::InvalidInput,
             Error::ResourceLimit(_) => K::OutOfMemory,
             Error::Verb { .. } => K::Other,
+            Error::Remote(r) => match r {
+                RemoteError::OutOfRange { .. }
+                | RemoteError::SharedNotWritable
+                | RemoteError::Empty
+                | RemoteError::TooLarge { .. } => K::InvalidInput,
+                RemoteError::AccessDenied { .. } | RemoteError::Refused { .. } => {
+                    K::PermissionDenied
+                }
+                RemoteError::Unavailable(_) => K::Unsupported,
+                RemoteError::Closed => K::BrokenPipe,
+            },
         };
         std::io::Error::new(kind, e)
     }

@@ -22,6 +22,9 @@
 //!   rings, rendezvous, close) and the wire format ([`engine::wire`]),
 //! * `mem`: registered memory, the device and shared receive pools, and
 //!   each connection's buffers,
+//! * `remote`: one-sided access ([`RemoteMemory`], [`Exposure`]): the
+//!   peer reads and writes memory this side exposes, by RDMA READ and
+//!   WRITE on a side queue pair (wire protocol §10),
 //! * `verbs`: the libibverbs / librdmacm objects, the libraries loaded at
 //!   run time ([`check_libraries`]),
 //! * [`Config`], [`Error`] with its typed details, [`ConnStats`]; `testing`
@@ -42,6 +45,7 @@ pub mod engine;
 mod error;
 #[allow(unsafe_code)]
 mod mem;
+mod remote;
 mod stats;
 #[cfg(feature = "test-util")]
 pub mod testing;
@@ -55,7 +59,11 @@ pub use conn::{
 };
 pub use engine::wire::{Ticket, TICKET_LEN};
 pub use error::{
-    ConfigError, Errno, Error, NoDeviceReason, PeerMisbehaved, RejectReason, ResourceError,
+    ConfigError, Errno, Error, NoDeviceReason, PeerMisbehaved, RejectReason, RemoteError,
+    ResourceError,
+};
+pub use remote::{
+    Exposable, Exposure, RegionKey, RemoteAccess, RemoteMemory, MAX_OP_BYTES, REGION_KEY_LEN,
 };
 pub use stats::{ConnStats, StatsSnapshot};
 

@@ -1286,3 +1286,338 @@ async fn a_silently_dead_peer_is_found_by_keepalive() {
     })
     .await;
 }
+
+/// One-sided access (§10): how a wrong key ends.
+mod one_sided {
+    use std::time::{Duration, Instant};
+
+    use bytes::{Bytes, BytesMut};
+    use rdma_transport::engine::wire::HELLO_FLAG_REMOTE;
+    use rdma_transport::testing::RawPeer;
+    use rdma_transport::{
+        Config, Connection, Error, Exposable, RegionKey, RemoteAccess, RemoteError,
+    };
+
+    use crate::common::{device_ip, kept_pair, pattern};
+
+    fn refused(r: Result<impl std::fmt::Debug, Error>, what: &str) {
+        match r {
+            Err(Error::Remote(RemoteError::Refused { status })) => {
+                println!("{what}: refused by the NIC ({status})")
+            }
+            r => panic!("{what}: expected RemoteError::Refused, got {r:?}"),
+        }
+    }
+
+    /// The main connection still carries messages both ways.
+    async fn messages_flow(c: Connection, s: Connection, what: &str) {
+        let (mut ctx, mut crx) = c.split();
+        let (mut stx, mut srx) = s.split();
+        ctx.send(Bytes::from(what.to_string())).await.expect("send");
+        let m = srx.recv().await.expect("recv").expect("message");
+        assert_eq!(&m[..], what.as_bytes(), "{what}");
+        stx.send(Bytes::from_static(b"back"))
+            .await
+            .expect("send back");
+        let m = crx.recv().await.expect("recv back").expect("message back");
+        assert_eq!(&m[..], b"back", "{what}");
+    }
+
+    /// A key replayed after its exposure was revoked is refused by the
+    /// peer's NIC (`Refused`); afterwards another exposure still reads fine
+    /// (a fresh side queue pair), from both sides, and the connection's
+    /// messages still flow.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+    async fn a_revoked_key_is_refused_and_nothing_else_suffers() {
+        let Some(ip) = device_ip("a_revoked_key_is_refused_and_nothing_else_suffers") else {
+            return;
+        };
+        let cfg = Config::default();
+        tokio::time::timeout(Duration::from_secs(120), async {
+            let (c, s, _l) = kept_pair(ip, &cfg).await;
+            let (a, p) = (c.remote_memory(), s.remote_memory());
+            let d1 = pattern(1, 4096);
+            let d2 = pattern(2, 8192);
+            let e1 = p
+                .expose(Exposable::Shared(d1.clone()), RemoteAccess::Read)
+                .await
+                .unwrap();
+            let e2 = p
+                .expose(Exposable::Shared(d2.clone()), RemoteAccess::Read)
+                .await
+                .unwrap();
+            let k1 = e1.key();
+            assert!(a.read(&k1, 0, 4096).await.expect("live key") == d1);
+            e1.revoke();
+            refused(a.read(&k1, 0, 4096).await, "read with a revoked key");
+            assert!(a.read(&e2.key(), 0, 8192).await.expect("other key") == d2);
+            // A writable exposure of A's, written by P after the failure
+            // (P waits for the side queue pair A reopens).
+            let ea = a
+                .expose(Exposable::Owned(BytesMut::zeroed(64)), RemoteAccess::Write)
+                .await
+                .unwrap();
+            p.write(&ea.key(), 0, Bytes::from_static(b"still works"))
+                .await
+                .expect("P writes after A's failure");
+            let Exposable::Owned(b) = ea.revoke() else {
+                panic!("owned")
+            };
+            assert_eq!(&b[..11], b"still works");
+            // A revoked write key too: refused, from P's side.
+            let ew = a
+                .expose(Exposable::Owned(BytesMut::zeroed(64)), RemoteAccess::Write)
+                .await
+                .unwrap();
+            let kw = ew.key();
+            drop(ew);
+            refused(
+                p.write(&kw, 0, Bytes::from_static(b"late")).await,
+                "write with a dropped exposure's key",
+            );
+            assert!(a.read(&e2.key(), 0, 8192).await.expect("after both") == d2);
+            messages_flow(c, s, "messages after refused keys").await;
+        })
+        .await
+        .expect("timeout");
+    }
+
+    /// A key is valid only on the connection it was issued for: another
+    /// connection to the same listener (its own exposure PD) is refused by
+    /// the NIC, and both connections keep working.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+    async fn a_key_works_only_on_its_own_connection() {
+        let Some(ip) = device_ip("a_key_works_only_on_its_own_connection") else {
+            return;
+        };
+        let cfg = Config::default();
+        tokio::time::timeout(Duration::from_secs(120), async {
+            let (c1, s1, mut l) = kept_pair(ip, &cfg).await;
+            let (c2, s2) = tokio::join!(rdma_transport::connect(l.local_addr(), &cfg), l.accept());
+            let (c2, s2) = (c2.expect("connect 2"), s2.expect("accept 2"));
+            let (a1, p1) = (c1.remote_memory(), s1.remote_memory());
+            let (a2, p2) = (c2.remote_memory(), s2.remote_memory());
+            let d = pattern(3, 4096);
+            let e = p1
+                .expose(Exposable::Shared(d.clone()), RemoteAccess::Read)
+                .await
+                .unwrap();
+            // Open connection 2's side queue pair with a legitimate read.
+            let e2 = p2
+                .expose(Exposable::Shared(pattern(4, 64)), RemoteAccess::Read)
+                .await
+                .unwrap();
+            assert!(a2.read(&e2.key(), 0, 64).await.unwrap() == pattern(4, 64));
+            refused(a2.read(&e.key(), 0, 4096).await, "another connection's key");
+            assert!(a1.read(&e.key(), 0, 4096).await.expect("own connection") == d);
+            // And the other way: a writable exposure of A1's, written by P2.
+            let ew = a1
+                .expose(Exposable::Owned(BytesMut::zeroed(128)), RemoteAccess::Write)
+                .await
+                .unwrap();
+            refused(
+                p2.write(&ew.key(), 0, Bytes::from_static(b"foreign")).await,
+                "write with another connection's key",
+            );
+            p1.write(&ew.key(), 0, Bytes::from_static(b"own"))
+                .await
+                .expect("own connection writes");
+            let Exposable::Owned(b) = ew.revoke() else {
+                panic!("owned")
+            };
+            assert_eq!(&b[..3], b"own");
+            assert!(
+                b[3..].iter().all(|&x| x == 0),
+                "nothing of the foreign write"
+            );
+            assert!(a2.read(&e2.key(), 0, 64).await.expect("2 still reads") == pattern(4, 64));
+            messages_flow(c1, s1, "connection 1 after a foreign key").await;
+            messages_flow(c2, s2, "connection 2 after a foreign key").await;
+        })
+        .await
+        .expect("timeout");
+    }
+
+    /// Out of range and a write to a read-only region are refused locally,
+    /// typed, before anything is posted; with the local check bypassed by a
+    /// forged key (a larger `len`, another access) the peer's NIC refuses,
+    /// and the connection still works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+    async fn out_of_range_and_read_only_are_refused_locally_and_by_the_nic() {
+        let Some(ip) = device_ip("out_of_range_and_read_only_are_refused_locally_and_by_the_nic")
+        else {
+            return;
+        };
+        let cfg = Config::default();
+        tokio::time::timeout(Duration::from_secs(120), async {
+            let (c, s, _l) = kept_pair(ip, &cfg).await;
+            let (a, p) = (c.remote_memory(), s.remote_memory());
+            let d = pattern(5, 4096);
+            let e = p
+                .expose(Exposable::Owned(BytesMut::from(&d[..])), RemoteAccess::Read)
+                .await
+                .unwrap();
+            let key = e.key();
+            match a.read(&key, 4000, 100).await {
+                Err(Error::Remote(RemoteError::OutOfRange {
+                    offset: 4000,
+                    len: 100,
+                    region_len: 4096,
+                })) => {}
+                r => panic!("out of range: {r:?}"),
+            }
+            match a.write(&key, 0, Bytes::from_static(b"no")).await {
+                Err(Error::Remote(RemoteError::AccessDenied {
+                    wanted: RemoteAccess::Write,
+                    granted: RemoteAccess::Read,
+                })) => {}
+                r => panic!("read-only: {r:?}"),
+            }
+            // Forged: a longer region, then write access.
+            let longer = RegionKey {
+                len: 1 << 20,
+                ..key
+            };
+            refused(a.read(&longer, 4096, 4096).await, "read beyond the region");
+            assert!(a.read(&key, 0, 4096).await.expect("in range") == d);
+            let writable = RegionKey {
+                access: RemoteAccess::ReadWrite,
+                ..key
+            };
+            refused(
+                a.write(&writable, 0, Bytes::from_static(b"forged")).await,
+                "write to a read-only region",
+            );
+            let Exposable::Owned(b) = e.revoke() else {
+                panic!("owned")
+            };
+            assert!(b == d, "the read-only region is unchanged");
+            messages_flow(c, s, "messages after forged keys").await;
+        })
+        .await
+        .expect("timeout");
+    }
+
+    /// The exposing side drops its connection while the other reads: the
+    /// reads end with an error, promptly, never hang.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+    async fn the_exposing_side_dropping_its_connection_mid_read_ends_the_reads() {
+        let Some(ip) =
+            device_ip("the_exposing_side_dropping_its_connection_mid_read_ends_the_reads")
+        else {
+            return;
+        };
+        let cfg = Config {
+            connect_timeout: Duration::from_secs(5),
+            ..Config::default()
+        };
+        tokio::time::timeout(Duration::from_secs(120), async {
+            let (c, s, _l) = kept_pair(ip, &cfg).await;
+            let (a, p) = (c.remote_memory(), s.remote_memory());
+            let d = pattern(6, 1 << 20);
+            let e = p
+                .expose(Exposable::Shared(d.clone()), RemoteAccess::Read)
+                .await
+                .unwrap();
+            let key = e.key();
+            assert!(a.read(&key, 0, 1 << 20).await.unwrap() == d);
+            let readers: Vec<_> = (0..4)
+                .map(|_| {
+                    let a = a.clone();
+                    tokio::spawn(async move {
+                        let mut ok = 0u32;
+                        loop {
+                            match a.read(&key, 0, 1 << 20).await {
+                                Ok(b) => {
+                                    assert!(b.len() == 1 << 20);
+                                    ok += 1;
+                                }
+                                Err(e) => return (ok, e, Instant::now()),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let t = Instant::now();
+            drop(s);
+            for r in readers {
+                let (ok, e, at) = r.await.unwrap();
+                println!(
+                    "reader: {ok} reads, then {e} after {:?}",
+                    at.saturating_duration_since(t)
+                );
+                assert!(
+                    matches!(
+                        e,
+                        Error::Remote(
+                            RemoteError::Closed
+                                | RemoteError::Unavailable(_)
+                                | RemoteError::Refused { .. }
+                        )
+                    ),
+                    "{e:?}"
+                );
+                assert!(at.saturating_duration_since(t) < Duration::from_secs(30));
+            }
+            // The exposure outlived its connection; revoking still works.
+            match e.revoke() {
+                Exposable::Shared(b) => assert!(b == d),
+                Exposable::Owned(_) => panic!("shared"),
+            }
+        })
+        .await
+        .expect("timeout: a read hung after the exposing side left");
+    }
+
+    /// A peer that does not offer one-sided access (a hello without the
+    /// flag, as before it existed): the listener side's operations fail
+    /// with `Unavailable`, the connection works.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+    async fn a_peer_without_one_sided_access_gets_none() {
+        let Some(ip) = device_ip("a_peer_without_one_sided_access_gets_none") else {
+            return;
+        };
+        let cfg = Config::default();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let mut l =
+                rdma_transport::Listener::bind(std::net::SocketAddr::new(ip, 0), cfg.clone())
+                    .await
+                    .unwrap();
+            let addr = l.local_addr();
+            let (raw, s) = tokio::join!(
+                RawPeer::connect(addr, &cfg, |h| h.flags &= !HELLO_FLAG_REMOTE),
+                l.accept()
+            );
+            let raw = raw.expect("raw connect");
+            assert_eq!(
+                raw.peer_hello().flags & HELLO_FLAG_REMOTE,
+                0,
+                "no REMOTE in the answer"
+            );
+            let s = s.expect("accept");
+            let p = s.remote_memory();
+            assert!(!p.is_available());
+            let e = p
+                .expose(
+                    Exposable::Shared(Bytes::from_static(b"x")),
+                    RemoteAccess::Read,
+                )
+                .await
+                .expect_err("no one-sided access");
+            match e {
+                Error::Remote(RemoteError::Unavailable(why)) => {
+                    assert!(why.contains("does not offer"), "{why}")
+                }
+                e => panic!("{e:?}"),
+            }
+        })
+        .await
+        .expect("timeout");
+    }
+}

@@ -8,14 +8,14 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use rdma_transport::{
-    connect, devices, global_stats, Config, Connection, Error, Listener, RejectReason,
-    ResourceError,
+    connect, devices, global_stats, Config, Connection, Error, Exposable, Listener, RejectReason,
+    RemoteAccess, RemoteError, ResourceError,
 };
 
 mod common;
-use common::{device_ip, iwarp, pattern};
+use common::{device_ip, iwarp, kept_pair, pattern};
 
 async fn pair(ip: IpAddr, cfg: &Config) -> (Connection, Connection) {
     let mut l = Listener::bind(SocketAddr::new(ip, 0), cfg.clone())
@@ -1459,6 +1459,202 @@ async fn closed_connections_buffers_leave_the_shared_queue() {
             base,
             "everything freed at close"
         );
+    })
+    .await
+    .expect("timeout");
+}
+
+/// One-sided access (wire §10): the listener side exposes, the connecting
+/// side reads (64 B, 4 KiB, 1 MiB, whole and in parts); the connecting side
+/// exposes, the listener side writes, and revoking gives the buffer back
+/// with the peer's writes in it; both the other way round too; many reads
+/// in flight (more than a side queue pair posts at once); and the
+/// connection's messages flow meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn one_sided_reads_and_writes_round_trip_both_ways() {
+    let Some(ip) = device_ip("one_sided_reads_and_writes_round_trip_both_ways") else {
+        return;
+    };
+    let cfg = Config::default();
+    tokio::time::timeout(Duration::from_secs(240), async {
+        let (c, s, _l) = kept_pair(ip, &cfg).await;
+        let (a, p) = (c.remote_memory(), s.remote_memory());
+        assert!(a.is_available() && p.is_available());
+        for (i, n) in [64usize, 4096, 1 << 20].into_iter().enumerate() {
+            // P exposes read-only shared bytes; A reads them.
+            let data = pattern(100 + i as u64, n);
+            let e = p
+                .expose(Exposable::Shared(data.clone()), RemoteAccess::Read)
+                .await
+                .expect("expose for read");
+            let key = e.key();
+            assert_eq!(key.len, n as u64);
+            assert_eq!(p.exposed_bytes(), n);
+            let got = a.read(&key, 0, n).await.expect("read whole");
+            assert!(got == data, "read of {n} bytes");
+            let got = a.read(&key, n as u64 / 2, n / 4).await.expect("read part");
+            assert!(got == data.slice(n / 2..n / 2 + n / 4), "part of {n}");
+            assert!(a.read(&key, n as u64, 0).await.expect("empty").is_empty());
+            match e.revoke() {
+                Exposable::Shared(b) => assert!(b == data),
+                Exposable::Owned(_) => panic!("a shared buffer comes back shared"),
+            }
+            assert_eq!(p.exposed_bytes(), 0);
+
+            // A exposes a zeroed buffer for writing; P writes it.
+            let e = a
+                .expose(Exposable::Owned(BytesMut::zeroed(n)), RemoteAccess::Write)
+                .await
+                .expect("expose for write");
+            let src = pattern(200 + i as u64, n);
+            let half = n / 2;
+            p.write(&e.key(), 0, src.slice(..half))
+                .await
+                .expect("write 1");
+            p.write(&e.key(), half as u64, src.slice(half..))
+                .await
+                .expect("write 2");
+            match e.revoke() {
+                Exposable::Owned(b) => assert!(b == src, "the peer's writes of {n} bytes"),
+                Exposable::Shared(_) => panic!("an owned buffer comes back owned"),
+            }
+
+            // The other way round: A exposes read+write, P reads and writes;
+            // P exposes for writing, A writes.
+            let init = pattern(300 + i as u64, n);
+            let e = a
+                .expose(
+                    Exposable::Owned(BytesMut::from(&init[..])),
+                    RemoteAccess::ReadWrite,
+                )
+                .await
+                .expect("expose rw");
+            assert!(p.read(&e.key(), 0, n).await.expect("P reads") == init);
+            p.write(&e.key(), 0, Bytes::from_static(b"written by P"))
+                .await
+                .expect("P writes");
+            let Exposable::Owned(b) = e.revoke() else {
+                panic!("owned")
+            };
+            assert_eq!(&b[..12], b"written by P");
+            assert!(b[12..] == init[12..]);
+            let e = p
+                .expose(Exposable::Owned(BytesMut::zeroed(n)), RemoteAccess::Write)
+                .await
+                .expect("P exposes for write");
+            a.write(&e.key(), 0, init.clone()).await.expect("A writes");
+            let Exposable::Owned(b) = e.revoke() else {
+                panic!("owned")
+            };
+            assert!(b == init);
+        }
+
+        // Many reads in flight at once, beyond what one side queue pair
+        // posts at a time.
+        let big = pattern(7, 1 << 20);
+        let e = p
+            .expose(Exposable::Shared(big.clone()), RemoteAccess::Read)
+            .await
+            .expect("expose");
+        let key = e.key();
+        let t = Instant::now();
+        let reads = (0..200u64).map(|i| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let off = (i * 4096 * 7) % ((1 << 20) - 4096);
+                (off, a.read(&key, off, 4096).await)
+            })
+        });
+        let results = futures::future::join_all(reads).await;
+        for r in results {
+            let (off, r) = r.unwrap();
+            let got = r.expect("concurrent read");
+            let off = off as usize;
+            assert!(got == big.slice(off..off + 4096), "read at {off}");
+        }
+        println!("200 concurrent 4 KiB reads in {:?}", t.elapsed());
+        drop(e);
+
+        // The connection's messages are unaffected.
+        let (mut tx, _crx) = c.split();
+        let (_stx, mut rx) = s.split();
+        tx.send(Bytes::from_static(b"after one-sided"))
+            .await
+            .expect("send");
+        let m = rx.recv().await.expect("recv").expect("message");
+        assert_eq!(&m[..], b"after one-sided");
+    })
+    .await
+    .expect("timeout");
+}
+
+/// One-sided access counts against `max_exposed_bytes` and the global
+/// registration cap, and gives the bytes back on revoke and drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn exposures_are_capped_per_connection() {
+    let Some(ip) = device_ip("exposures_are_capped_per_connection") else {
+        return;
+    };
+    let cfg = Config {
+        max_exposed_bytes: 64 << 10,
+        ..Config::default()
+    };
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (c, _s) = pair(ip, &cfg).await;
+        let a = c.remote_memory();
+        let e1 = a
+            .expose(
+                Exposable::Owned(BytesMut::zeroed(48 << 10)),
+                RemoteAccess::Write,
+            )
+            .await
+            .expect("within the cap");
+        let err = a
+            .expose(
+                Exposable::Owned(BytesMut::zeroed(32 << 10)),
+                RemoteAccess::Write,
+            )
+            .await
+            .expect_err("beyond the cap");
+        println!("beyond the cap: {err}");
+        assert!(
+            matches!(
+                err,
+                Error::ResourceLimit(ResourceError::ExposedBytes {
+                    requested: 32768,
+                    cap: 65536,
+                    in_use: 49152
+                })
+            ),
+            "{err:?}"
+        );
+        let err = a
+            .expose(
+                Exposable::Shared(Bytes::from_static(b"x")),
+                RemoteAccess::Write,
+            )
+            .await
+            .expect_err("shared for write");
+        assert!(
+            matches!(err, Error::Remote(RemoteError::SharedNotWritable)),
+            "{err:?}"
+        );
+        let err = a
+            .expose(Exposable::Owned(BytesMut::new()), RemoteAccess::Read)
+            .await
+            .expect_err("empty");
+        assert!(matches!(err, Error::Remote(RemoteError::Empty)), "{err:?}");
+        drop(e1);
+        assert_eq!(a.exposed_bytes(), 0);
+        let _e2 = a
+            .expose(
+                Exposable::Owned(BytesMut::zeroed(64 << 10)),
+                RemoteAccess::Write,
+            )
+            .await
+            .expect("the dropped exposure's bytes are back");
     })
     .await
     .expect("timeout");

@@ -24,6 +24,7 @@ use crate::engine::wire::{Hello, Ticket};
 use crate::engine::{Completion, Engine, EngineCounters, EngineError, Event, TimerConfig, WR_RECV};
 use crate::error::Error;
 use crate::mem::WR_BIND;
+use crate::remote::RemoteShared;
 use crate::stats::ConnStats;
 use crate::verbs::cm::{CmId, EventChannel};
 use crate::verbs::{async_fd, Cq, Wc};
@@ -41,6 +42,7 @@ pub(super) fn spawn_driver(
     admission: Option<Admission>,
     ticket: Option<Ticket>,
     active: bool,
+    remote: Arc<RemoteShared>,
 ) -> Result<Connection, Error> {
     let cq_afd = async_fd(res.cq.clone())?;
     let shared_receive = res.mem.is_shared();
@@ -99,6 +101,7 @@ pub(super) fn spawn_driver(
         timer,
         woke_receiver: false,
         spin,
+        remote: remote.clone(),
         _admission: admission,
     };
     tokio::spawn(d.run());
@@ -118,6 +121,7 @@ pub(super) fn spawn_driver(
         peer,
         stats,
         ticket,
+        remote,
     })
 }
 
@@ -157,6 +161,8 @@ struct Driver {
     woke_receiver: bool,
     /// The busy-poll budget (§8, `Config::poll_mode`).
     spin: SpinBudget,
+    /// One-sided access (§10): closed with the connection.
+    remote: Arc<RemoteShared>,
     /// Listener side: this connection's count against its source address
     /// (`Config::max_connections_per_address`); last, so it is released
     /// only after the memory above was freed.
@@ -553,6 +559,8 @@ impl Driver {
     /// §8 teardown: disconnect, QP to error, drain flushed completions
     /// (bounded), then free everything (QP before memory).
     async fn teardown(mut self) {
+        // §10.3: the side queue pair goes with the connection.
+        self.remote.close();
         if !self.peer_gone {
             let _ = self.id.disconnect();
         }
@@ -607,6 +615,7 @@ impl Drop for Driver {
     /// A driver dropped without its teardown (runtime shut down) still
     /// frees the QP and memory now, not when the last half goes.
     fn drop(&mut self) {
+        self.remote.close();
         let inline = self.shared.inline().take();
         drop(inline);
         let core = self.shared.core().take();

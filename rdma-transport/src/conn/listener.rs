@@ -13,11 +13,13 @@ use super::admission::{reject_reason, run_gate, Admission, AdmitGate, AdmitReque
 use super::driver::spawn_driver;
 use super::events::{event_name, next_event, CmFd};
 use super::resources::{build_resources, engine_config, SharedPools};
+use super::side::{accept_side, SideRegistry};
 use super::{engine_err, Connection};
 use crate::config::Config;
-use crate::engine::wire::{Hello, Ticket};
+use crate::engine::wire::{Attached, Hello, Ticket, HELLO_FLAG_REMOTE};
 use crate::engine::Engine;
 use crate::error::{Error, NoDeviceReason, RejectReason};
+use crate::remote::{RemoteShared, Role};
 use crate::verbs::async_fd;
 use crate::verbs::cm::{CmId, EventChannel};
 
@@ -123,6 +125,7 @@ impl Listener {
                 local,
                 pools: Arc::default(),
                 gate,
+                sides: Arc::default(),
             },
             limits.clone(),
             tx,
@@ -183,6 +186,8 @@ struct ListenState {
     pools: Arc<SharedPools>,
     /// The admission gate (§2.4), if any.
     gate: Option<AdmitGate>,
+    /// The side tokens given to this listener's connections (§10.2).
+    sides: Arc<SideRegistry>,
 }
 
 /// The listening task: takes CONNECT_REQUESTs (the only events on this
@@ -218,8 +223,40 @@ async fn listen_loop(
             continue;
         };
         let peer = id.peer_addr();
-        let (peer_hello, ticket) = match Hello::decode_with_ticket(&e.private_data) {
-            Ok(h) => h,
+        let (peer_hello, ticket) = match Hello::decode_request(&e.private_data) {
+            Ok((h, Attached::Nothing)) => (h, None),
+            Ok((h, Attached::Ticket(t))) => (h, Some(t)),
+            // §10.2: a side request: the token is the credential (it was
+            // given to an admitted connection): no gate, no limit, and
+            // `accept` never reports it.
+            Ok((_, Attached::Side(token))) => {
+                let Some(shared) = st.sides.find(&token) else {
+                    tracing::warn!(
+                        "rdma listener on {}: refused a side queue pair from {} with an unknown \
+                         or closed connection's token",
+                        st.local,
+                        peer.map_or_else(|| "?".to_string(), |p| p.to_string()),
+                    );
+                    id.reject(b"unknown side token");
+                    continue;
+                };
+                let mut id = id;
+                let chan = match EventChannel::new().and_then(|c| id.migrate(&c).map(|_| c)) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        id.reject(RejectReason::Resources.text().as_bytes());
+                        tracing::debug!("rdma listener: side queue pair refused: {e}");
+                        continue;
+                    }
+                };
+                let local = st.local;
+                handshakes.spawn(async move {
+                    if let Err(e) = accept_side(id, chan, shared).await {
+                        tracing::debug!("rdma listener on {local}: side queue pair failed: {e}");
+                    }
+                });
+                continue;
+            }
             Err(v) => {
                 id.reject(RejectReason::BadHello.text().as_bytes());
                 tracing::debug!("rdma listener: refused {peer:?}: {v}");
@@ -270,8 +307,12 @@ async fn listen_loop(
         };
         let (cfg, local, tx) = (st.cfg.clone(), st.local, tx.clone());
         let pools = st.pools.clone();
+        let sides = st.sides.clone();
         handshakes.spawn(async move {
-            let r = setup_passive(id, chan, peer_hello, ticket, cfg, local, admission, pools).await;
+            let r = setup_passive(
+                id, chan, peer_hello, ticket, cfg, local, admission, pools, sides,
+            )
+            .await;
             if let Err(e) = &r {
                 tracing::debug!("rdma listener on {local}: handshake failed: {e}");
             }
@@ -294,6 +335,7 @@ async fn setup_passive(
     local: SocketAddr,
     mut admission: Admission,
     pools: Arc<SharedPools>,
+    sides: Arc<SideRegistry>,
 ) -> Result<Connection, Error> {
     let afd = match async_fd(chan.clone()) {
         Ok(a) => a,
@@ -310,7 +352,20 @@ async fn setup_passive(
             return Err(e);
         }
     };
-    id.accept(&res.hello.encode())?;
+    // §10.1: the peer offers one-sided access: agree, with a side token.
+    let token = if peer_hello.flags & HELLO_FLAG_REMOTE != 0 {
+        sides.issue()
+    } else {
+        None
+    };
+    let remote = RemoteShared::new(&cfg, Role::Passive, token, res.hello, id.clone());
+    match &token {
+        Some(t) => {
+            sides.register(*t, &remote);
+            id.accept(&res.hello.encode_with_side_token(t))?;
+        }
+        None => id.accept(&res.hello.encode())?,
+    }
     let e = tokio::time::timeout(cfg.connect_timeout, next_event(&chan, &afd))
         .await
         .map_err(|_| Error::Timeout { stage: "accept" })??;
@@ -338,5 +393,6 @@ async fn setup_passive(
         Some(admission),
         ticket,
         false,
+        remote,
     )
 }

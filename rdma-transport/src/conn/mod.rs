@@ -17,6 +17,7 @@
 //! * `halves`: [`SendHalf`], [`RecvHalf`], [`InlineStop`],
 //! * `driver`: the per-connection task (§8),
 //! * `spin`: the driver's busy-poll budget (`Config::poll_mode`),
+//! * `side`: the side queue pair of one-sided access (§10.2),
 //! * `events`: waiting for rdma_cm events.
 
 mod admission;
@@ -27,6 +28,7 @@ mod listener;
 mod resources;
 mod setup;
 mod shared;
+mod side;
 mod spin;
 
 use std::net::SocketAddr;
@@ -35,6 +37,7 @@ use std::sync::Arc;
 use crate::engine::wire::Ticket;
 use crate::engine::EngineError;
 use crate::error::{Errno, Error};
+use crate::remote::{RemoteMemory, RemoteShared};
 use crate::stats::ConnStats;
 use crate::verbs::Cq;
 
@@ -42,6 +45,7 @@ pub use self::admission::{AdmitGate, AdmitRequest};
 pub use self::halves::{InlineHandler, InlineStop, RecvHalf, SendHalf};
 pub use self::listener::Listener;
 pub use self::setup::{connect, connect_from, connect_with_ticket};
+pub(crate) use self::side::open_side;
 // The setup steps `testing::RawPeer` takes as `connect` does.
 #[cfg(feature = "test-util")]
 pub(crate) use self::events::{next_event, CmFd};
@@ -55,9 +59,21 @@ pub struct Connection {
     peer: SocketAddr,
     stats: Arc<ConnStats>,
     ticket: Option<Ticket>,
+    remote: Arc<RemoteShared>,
 }
 
 impl Connection {
+    /// One-sided access on this connection (both sides, wire protocol
+    /// §10): expose memory to the peer, read and write what it exposed.
+    /// Call before [`Connection::split`]; the handle is cheap to clone and
+    /// outlives neither the connection's use (once the connection closes,
+    /// operations fail with `RemoteError::Closed`).
+    pub fn remote_memory(&self) -> RemoteMemory {
+        RemoteMemory {
+            inner: self.remote.clone(),
+        }
+    }
+
     /// Splits into independently usable halves (both `Send + 'static`).
     pub fn split(self) -> (SendHalf, RecvHalf) {
         (self.send, self.recv)

@@ -14,9 +14,10 @@ use super::events::{event_name, next_event, status_text, CmFd};
 use super::resources::{build_resources, engine_config, Resources};
 use super::{engine_err, Connection};
 use crate::config::Config;
-use crate::engine::wire::{Hello, Ticket};
+use crate::engine::wire::{Hello, SideToken, Ticket, HELLO_FLAG_REMOTE};
 use crate::engine::Engine;
-use crate::error::{Error, PeerMisbehaved, RejectReason};
+use crate::error::{Error, RejectReason};
+use crate::remote::{RemoteShared, Role};
 use crate::verbs::async_fd;
 use crate::verbs::cm::{CmId, EventChannel};
 
@@ -95,8 +96,17 @@ async fn connect_inner(
     // on siw while the same host ran TCP connections); a fresh cm_id picks
     // another port.
     let mut collisions = 0;
+    // §10.1: we offer one-sided access; a listener from before it refuses
+    // the flag as a bad hello, and then gets a hello without it.
+    let mut offer_remote = true;
     let h = loop {
-        match handshake(addr, local, cfg, ticket, |_| {}).await {
+        let offer = offer_remote;
+        let edit = move |h: &mut Hello| {
+            if !offer {
+                h.flags &= !HELLO_FLAG_REMOTE;
+            }
+        };
+        match handshake(addr, local, cfg, ticket, edit).await {
             Err(Error::Verb {
                 verb: "rdma_connect",
                 errno,
@@ -104,9 +114,29 @@ async fn connect_inner(
                 collisions += 1;
                 tracing::debug!("connect to {addr}: local port in use, retrying ({collisions})");
             }
+            Err(Error::Rejected {
+                reason: Some(RejectReason::BadHello),
+                ..
+            }) if offer_remote => {
+                offer_remote = false;
+                tracing::debug!(
+                    "connect to {addr}: the listener refused our hello; retrying without \
+                     offering one-sided access"
+                );
+            }
             r => break r?,
         }
     };
+    let remote = RemoteShared::new(
+        cfg,
+        Role::Active {
+            peer: addr,
+            local: h.id.local_addr().map(|a| a.ip()),
+        },
+        h.side_token,
+        h.res.hello,
+        h.id.clone(),
+    );
     let ecfg = engine_config(cfg, &h.res, h.peer_hello);
     let mut engine = Engine::new(ecfg).map_err(|e| engine_err(e, "setup"))?;
     let _already_posted = engine.take_actions();
@@ -124,6 +154,7 @@ async fn connect_inner(
         None,
         None,
         true,
+        remote,
     )
 }
 
@@ -195,6 +226,9 @@ pub(crate) struct Handshake {
     pub(crate) chan: Arc<EventChannel>,
     pub(crate) peer: SocketAddr,
     pub(crate) peer_hello: Hello,
+    /// The side token the listener gave (§10.1), when it agreed to
+    /// one-sided access.
+    pub(crate) side_token: Option<SideToken>,
 }
 
 /// §2.3 steps 1-4, active side, presenting `ticket` when given (§2.4).
@@ -211,6 +245,8 @@ pub(crate) async fn handshake(
     let (chan, afd, id) = resolve(addr, local, cfg).await?;
     let id = Arc::new(id);
     let mut res = build_resources(&id, cfg, None)?;
+    // §10.1: offer one-sided access.
+    res.hello.flags |= HELLO_FLAG_REMOTE;
     edit_hello(&mut res.hello);
     // §2.3 step 3: connect with our hello as private data.
     // rdma_connect blocks on iWARP (siw does a synchronous kernel TCP
@@ -256,13 +292,12 @@ pub(crate) async fn handshake(
     let e = tokio::time::timeout_at(deadline, next_event(&chan, &afd))
         .await
         .map_err(|_| Error::Timeout { stage: "connect" })??;
-    let peer_hello = match e.kind {
-        ev::RDMA_CM_EVENT_ESTABLISHED => match Hello::decode_with_ticket(&e.private_data) {
-            Ok((h, None)) => h,
-            // §2.4: only the connecting side presents a ticket.
-            Ok((_, Some(_))) => {
-                return Err(Error::Protocol(PeerMisbehaved::HelloTicketFromListener))
-            }
+    let (peer_hello, side_token) = match e.kind {
+        // §2.4: only the connecting side presents a ticket; §10.1: the
+        // side token comes with the listener's REMOTE flag.
+        ev::RDMA_CM_EVENT_ESTABLISHED => match Hello::decode_answer(&e.private_data) {
+            Ok((h, t)) if res.hello.flags & HELLO_FLAG_REMOTE != 0 => (h, t),
+            Ok((h, _)) => (h, None),
             Err(v) => return Err(Error::Protocol(v)),
         },
         ev::RDMA_CM_EVENT_REJECTED => {
@@ -289,5 +324,6 @@ pub(crate) async fn handshake(
         chan,
         peer,
         peer_hello,
+        side_token,
     })
 }

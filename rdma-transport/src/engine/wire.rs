@@ -118,13 +118,46 @@ pub const HELLO_FLAG_TICKET: u16 = 8;
 /// that way if the peer does too: a message whose chunks fit the peer's
 /// grants costs the receiver one completion, not one per chunk.
 pub const HELLO_FLAG_COVERS: u16 = 16;
+/// Hello flag bit: one-sided access (§10). In the active side's hello: it
+/// offers it. In the listener's answer: it agrees, and the
+/// [`SIDE_TOKEN_LEN`] bytes right after the hello are the side token the
+/// active side presents to open the connection's side queue pair.
+pub const HELLO_FLAG_REMOTE: u16 = 32;
+/// Hello flag bit: this connect request opens the side queue pair of an
+/// established connection (§10.2); the [`SIDE_TOKEN_LEN`] bytes right after
+/// the hello (the ticket's position, §2.4) are the side token the listener
+/// gave. Like [`HELLO_FLAG_TICKET`] a property of the blob: a decoded
+/// [`Hello`]'s `flags` never hold it, and it never comes with a ticket.
+pub const HELLO_FLAG_SIDE: u16 = 64;
 /// Every flag a [`Hello`]'s `flags` may hold; [`Hello::validate`] refuses
-/// any other bit. On the wire [`HELLO_FLAG_TICKET`] is known too
-/// ([`HELLO_WIRE_FLAGS_KNOWN`]).
-pub const HELLO_FLAGS_KNOWN: u16 =
-    HELLO_FLAG_WRITE_IMM | HELLO_FLAG_ON_DEMAND | HELLO_FLAG_REVOCABLE | HELLO_FLAG_COVERS;
+/// any other bit. On the wire [`HELLO_FLAG_TICKET`] and [`HELLO_FLAG_SIDE`]
+/// are known too ([`HELLO_WIRE_FLAGS_KNOWN`]).
+pub const HELLO_FLAGS_KNOWN: u16 = HELLO_FLAG_WRITE_IMM
+    | HELLO_FLAG_ON_DEMAND
+    | HELLO_FLAG_REVOCABLE
+    | HELLO_FLAG_COVERS
+    | HELLO_FLAG_REMOTE;
 /// Every flag bit a hello blob may carry (§2.1); any other bit is refused.
-pub const HELLO_WIRE_FLAGS_KNOWN: u16 = HELLO_FLAGS_KNOWN | HELLO_FLAG_TICKET;
+pub const HELLO_WIRE_FLAGS_KNOWN: u16 = HELLO_FLAGS_KNOWN | HELLO_FLAG_TICKET | HELLO_FLAG_SIDE;
+
+/// Size of a side token (§10.2), the size of a ticket.
+pub const SIDE_TOKEN_LEN: usize = TICKET_LEN;
+/// A side token (§10.2): random bytes a listener gives the active side of
+/// a connection that offered one-sided access, which it presents to open
+/// that connection's side queue pair.
+pub type SideToken = [u8; SIDE_TOKEN_LEN];
+
+/// What follows the hello in a connect request (§2.4, §10.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attached {
+    /// Nothing: a plain connect request.
+    Nothing,
+    /// An admission ticket (§2.4).
+    Ticket(Ticket),
+    /// A side token: the request opens the side queue pair of the
+    /// connection the token belongs to (§10.2).
+    Side(SideToken),
+}
 
 /// Immediate data bit of the last chunk of a message (§5.4).
 pub const IMM_LAST: u32 = 1 << 31;
@@ -205,6 +238,100 @@ impl Hello {
         b[..HELLO_LEN].copy_from_slice(&flagged.encode());
         b[HELLO_LEN..].copy_from_slice(ticket);
         b
+    }
+
+    /// Encodes a side request (§10.2): the hello with [`HELLO_FLAG_SIDE`]
+    /// set, then the side token.
+    pub fn encode_side(&self, token: &SideToken) -> [u8; HELLO_TICKET_LEN] {
+        let flagged = Hello {
+            flags: self.flags | HELLO_FLAG_SIDE,
+            ..*self
+        };
+        let mut b = [0u8; HELLO_TICKET_LEN];
+        b[..HELLO_LEN].copy_from_slice(&flagged.encode());
+        b[HELLO_LEN..].copy_from_slice(token);
+        b
+    }
+
+    /// Encodes a listener's answer that agrees to one-sided access (§10.1):
+    /// the hello with [`HELLO_FLAG_REMOTE`] set, then the side token.
+    pub fn encode_with_side_token(&self, token: &SideToken) -> [u8; HELLO_TICKET_LEN] {
+        let flagged = Hello {
+            flags: self.flags | HELLO_FLAG_REMOTE,
+            ..*self
+        };
+        let mut b = [0u8; HELLO_TICKET_LEN];
+        b[..HELLO_LEN].copy_from_slice(&flagged.encode());
+        b[HELLO_LEN..].copy_from_slice(token);
+        b
+    }
+
+    /// Decodes a connect request (§2.4, §10.2): the hello and what follows
+    /// it ([`HELLO_FLAG_TICKET`]: a ticket, [`HELLO_FLAG_SIDE`]: a side
+    /// token; both at once is refused). The returned hello's `flags` hold
+    /// neither bit.
+    ///
+    /// # Errors
+    ///
+    /// As [`Hello::decode`]; [`PeerMisbehaved::HelloTicketTooShort`] when
+    /// the blob is too short for the token, and
+    /// [`PeerMisbehaved::HelloFieldRange`] for both bits at once.
+    pub fn decode_request(b: &[u8]) -> Result<(Hello, Attached), PeerMisbehaved> {
+        let side = b.len() >= 8 && u16::from_le_bytes([b[6], b[7]]) & HELLO_FLAG_SIDE != 0;
+        if !side {
+            let (h, t) = Hello::decode_with_ticket(b)?;
+            return Ok((h, t.map_or(Attached::Nothing, Attached::Ticket)));
+        }
+        let mut plain = b.to_vec();
+        let flags = u16::from_le_bytes([b[6], b[7]]);
+        if flags & HELLO_FLAG_TICKET != 0 {
+            return Err(PeerMisbehaved::HelloFieldRange {
+                field: "flags",
+                value: flags.into(),
+                min: 0,
+                max: (HELLO_WIRE_FLAGS_KNOWN & !HELLO_FLAG_TICKET).into(),
+            });
+        }
+        plain[6..8].copy_from_slice(&(flags & !HELLO_FLAG_SIDE).to_le_bytes());
+        let (h, _) = Hello::decode_with_ticket(&plain)?;
+        let token = b
+            .get(HELLO_LEN..HELLO_TICKET_LEN)
+            .and_then(|t| SideToken::try_from(t).ok())
+            .ok_or(PeerMisbehaved::HelloTicketTooShort {
+                len: b.len(),
+                need: HELLO_TICKET_LEN,
+            })?;
+        Ok((h, Attached::Side(token)))
+    }
+
+    /// Decodes a listener's answer (§2.3, §10.1): the hello, and the side
+    /// token that follows it when its [`HELLO_FLAG_REMOTE`] is set. A
+    /// ticket or a side request flag there is refused.
+    ///
+    /// # Errors
+    ///
+    /// As [`Hello::decode`]; [`PeerMisbehaved::HelloTicketFromListener`]
+    /// for a ticket or side flag; [`PeerMisbehaved::HelloTicketTooShort`]
+    /// when the side token is missing.
+    pub fn decode_answer(b: &[u8]) -> Result<(Hello, Option<SideToken>), PeerMisbehaved> {
+        if b.len() >= 8 && u16::from_le_bytes([b[6], b[7]]) & HELLO_FLAG_SIDE != 0 {
+            return Err(PeerMisbehaved::HelloTicketFromListener);
+        }
+        let h = match Hello::decode_with_ticket(b)? {
+            (h, None) => h,
+            (_, Some(_)) => return Err(PeerMisbehaved::HelloTicketFromListener),
+        };
+        if h.flags & HELLO_FLAG_REMOTE == 0 {
+            return Ok((h, None));
+        }
+        let token = b
+            .get(HELLO_LEN..HELLO_TICKET_LEN)
+            .and_then(|t| SideToken::try_from(t).ok())
+            .ok_or(PeerMisbehaved::HelloTicketTooShort {
+                len: b.len(),
+                need: HELLO_TICKET_LEN,
+            })?;
+        Ok((h, Some(token)))
     }
 
     /// Decodes and validates (§2.2). Trailing bytes (CM padding, a ticket)
@@ -506,8 +633,8 @@ mod tests {
         };
         type Case = (fn(&mut Hello), PeerMisbehaved);
         let cases: [Case; 10] = [
-            (|h| h.flags = 32, range("flags", 32, 0, 31)),
-            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 31)),
+            (|h| h.flags = 128, range("flags", 128, 0, 127)),
+            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 127)),
             (|h| h.credits = 3, range("credits", 3, 4, 4096)),
             (|h| h.credits = 4097, range("credits", 4097, 4, 4096)),
             (
@@ -624,7 +751,7 @@ mod tests {
                 field: "flags",
                 value: 8,
                 min: 0,
-                max: 23
+                max: 55
             })
         );
         // Other unknown bits are refused next to the ticket flag too.
@@ -657,6 +784,73 @@ mod tests {
         assert_eq!(
             Header::decode(&b[..10]),
             Err(PeerMisbehaved::ShortMessage { len: 10 })
+        );
+    }
+
+    #[test]
+    fn side_requests_and_side_tokens_round_trip_and_bad_ones_are_refused() {
+        let token: SideToken = *b"side-token-1";
+        // §10.2: a side request carries the token where a ticket would be.
+        let b = good().encode_side(&token);
+        assert_eq!(b.len(), HELLO_TICKET_LEN);
+        assert_eq!(
+            Hello::decode_request(&b).unwrap(),
+            (good(), Attached::Side(token))
+        );
+        // Decoded as a plain request it is refused, never taken for a
+        // connection of its own.
+        assert!(matches!(
+            Hello::decode_with_ticket(&b),
+            Err(PeerMisbehaved::HelloFieldRange { field: "flags", .. })
+        ));
+        // Too short for the token.
+        assert!(matches!(
+            Hello::decode_request(&b[..HELLO_LEN + 4]),
+            Err(PeerMisbehaved::HelloTicketTooShort { len: 48, need: 56 })
+        ));
+        // SIDE and TICKET at once.
+        let mut both = b;
+        let f = u16::from_le_bytes([both[6], both[7]]) | HELLO_FLAG_TICKET;
+        both[6..8].copy_from_slice(&f.to_le_bytes());
+        assert!(matches!(
+            Hello::decode_request(&both),
+            Err(PeerMisbehaved::HelloFieldRange { field: "flags", .. })
+        ));
+        // Plain requests and tickets decode as before.
+        assert_eq!(
+            Hello::decode_request(&good().encode()).unwrap(),
+            (good(), Attached::Nothing)
+        );
+        assert_eq!(
+            Hello::decode_request(&good().encode_with_ticket(&token)).unwrap(),
+            (good(), Attached::Ticket(token))
+        );
+        // §10.1: the listener's answer with REMOTE carries the token; the
+        // flag stays in the decoded hello (a property of the connection).
+        let answer = good().encode_with_side_token(&token);
+        let (h, t) = Hello::decode_answer(&answer).unwrap();
+        assert_eq!(h.flags, HELLO_FLAG_REMOTE);
+        assert_eq!(t, Some(token));
+        // InfiniBand pads the answer with zeros: ignored.
+        let mut padded = answer.to_vec();
+        padded.resize(196, 0);
+        assert_eq!(Hello::decode_answer(&padded).unwrap().1, Some(token));
+        // REMOTE without the token, a ticket or a side flag in the answer.
+        assert!(matches!(
+            Hello::decode_answer(&answer[..HELLO_LEN]),
+            Err(PeerMisbehaved::HelloTicketTooShort { .. })
+        ));
+        assert_eq!(
+            Hello::decode_answer(&good().encode_with_ticket(&token)),
+            Err(PeerMisbehaved::HelloTicketFromListener)
+        );
+        assert_eq!(
+            Hello::decode_answer(&good().encode_side(&token)),
+            Err(PeerMisbehaved::HelloTicketFromListener)
+        );
+        assert_eq!(
+            Hello::decode_answer(&good().encode()).unwrap(),
+            (good(), None)
         );
     }
 }

@@ -10,6 +10,8 @@
 //! * `slot_pool`: a ring of equal slots registered a segment at a time,
 //! * `recv_pool`: a listener's shared receive pool behind its shared
 //!   receive queue (wire protocol §4.7),
+//! * `exposed`: the application's buffers registered for one-sided access
+//!   (wire protocol §10) and the side queue pair that owns the posted ones,
 //! * `conn_memory`: the QP and all memory of one connection
 //!   (`ConnMemory`), which destroys the QP before any buffer is
 //!   deregistered or freed, and implements the engine's `Buffers`.
@@ -19,6 +21,7 @@
 
 mod conn_memory;
 mod device_pool;
+mod exposed;
 mod recv_pool;
 mod registered;
 mod slot_pool;
@@ -27,6 +30,7 @@ use std::sync::atomic::AtomicUsize;
 
 pub(crate) use self::conn_memory::{ConnMemory, PoolSizes};
 pub(crate) use self::device_pool::DevicePool;
+pub(crate) use self::exposed::{read_destination, MrUse, SideQp, UserMr};
 pub(crate) use self::recv_pool::RecvPool;
 
 /// Process-wide registered bytes (checked against `Config::global_max_registered_bytes`).

@@ -39,7 +39,7 @@ pub(crate) use self::fd::{async_fd, FdOwner};
 pub(crate) use self::loop_qp::LoopQp;
 pub(crate) use self::mw::Mw;
 pub(crate) use self::pd::Pd;
-pub(crate) use self::qp::{Qp, QpCaps, SendDesc, POST_BATCH};
+pub(crate) use self::qp::{OneSidedDesc, Qp, QpCaps, SendDesc, POST_BATCH};
 pub(crate) use self::srq::Srq;
 
 pub(crate) fn errno() -> Errno {

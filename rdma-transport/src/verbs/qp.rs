@@ -262,6 +262,65 @@ impl Qp {
     }
 }
 
+/// A one-sided operation on a side queue pair (wire protocol §10): an RDMA
+/// READ of the peer's `[remote_addr, +len)` into our `[addr, +len)`, or an
+/// RDMA WRITE of ours to it. Always signaled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OneSidedDesc {
+    pub wr_id: u64,
+    pub read: bool,
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+impl Qp {
+    /// Posts one signaled RDMA READ or WRITE (`d`).
+    ///
+    /// # Safety
+    /// `[d.addr, d.addr+d.len)` lies in memory registered with `d.lkey` on
+    /// this QP's PD (with local write access for a READ), which stays
+    /// registered and allocated, and which the CPU neither writes (a WRITE's
+    /// source) nor reads or writes (a READ's destination), until the
+    /// completion of `d.wr_id` is polled or the QP is destroyed.
+    pub(crate) unsafe fn post_one_sided(&self, d: &OneSidedDesc) -> Result<(), Error> {
+        let mut sge = ibv_sge {
+            addr: d.addr,
+            length: d.len,
+            lkey: d.lkey,
+        };
+        // SAFETY: ibv_send_wr is plain C data (unions of PODs); zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = d.wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.opcode = if d.read {
+            ibv_wr_opcode::IBV_WR_RDMA_READ
+        } else {
+            ibv_wr_opcode::IBV_WR_RDMA_WRITE
+        };
+        wr.wr.rdma = rdma_t {
+            remote_addr: d.remote_addr,
+            rkey: d.rkey,
+        };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: live QP; the work request and its SGE live on this frame
+        // across the call (the provider copies them); the memory rules are
+        // the caller's contract (see # Safety).
+        let r = unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) };
+        if r != 0 {
+            return Err(Error::Verb {
+                verb: "ibv_post_send(RDMA READ/WRITE)",
+                errno: Errno(r),
+            });
+        }
+        Ok(())
+    }
+}
+
 impl Drop for Qp {
     fn drop(&mut self) {
         // SAFETY: the QP was created by rdma_create_qp on this id and is

@@ -125,3 +125,22 @@ fn unset_addresses_do_not_mean_iwarp() {
     assert!(is_iwarp(true, None, None, &[]));
     assert!(!is_iwarp(false, None, None, &[]));
 }
+
+/// A connected pair (connecting side, listener side) and the listener,
+/// kept: one-sided access opens its side queue pair through it.
+pub async fn kept_pair(
+    ip: IpAddr,
+    cfg: &rdma_transport::Config,
+) -> (
+    rdma_transport::Connection,
+    rdma_transport::Connection,
+    rdma_transport::Listener,
+) {
+    let mut l = rdma_transport::Listener::bind(std::net::SocketAddr::new(ip, 0), cfg.clone())
+        .await
+        .expect("bind");
+    let addr = l.local_addr();
+    let c = rdma_transport::connect(addr, cfg);
+    let (c, s) = tokio::join!(c, l.accept());
+    (c.expect("connect"), s.expect("accept"), l)
+}

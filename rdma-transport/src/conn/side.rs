@@ -1,0 +1,475 @@
+//! The side queue pair of a connection (wire protocol §10.2): a second RC
+//! connection to the same listener, in the connection's exposure PD, that
+//! carries only one-sided READs and WRITEs, so that a remote access error
+//! (which takes an RC queue pair to the error state) never takes the
+//! connection's messages down.
+//!
+//! * [`open_side`]: the active side opens it (a connect request with the
+//!   side flag and the token the listener gave, §10.2),
+//! * [`accept_side`]: the listener side answers such a request, for the
+//!   connection the token belongs to,
+//! * the side task: owns the queue pair and every posted buffer until its
+//!   completion is polled (`crate::mem::SideQp`), posts at most
+//!   [`SIDE_DEPTH`] operations at a time and queues the rest, and on a
+//!   failure flushes everything and hands the flushed operations back for
+//!   one retry on a fresh queue pair (§10.3).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use rdma_sys::rdma_cm_event_type as ev;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::events::{event_name, next_event, status_text, CmFd, CqFd};
+use super::setup::resolve;
+use crate::config::Config;
+use crate::engine::wire::SideToken;
+use crate::error::{Error, RejectReason, RemoteError};
+use crate::mem::SideQp;
+use crate::remote::{Op, OpResult, RemoteShared, SideLink};
+use crate::verbs::cm::{CmId, EventChannel};
+use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps, Wc};
+
+/// READs and WRITEs posted on a side queue pair at a time; more wait in
+/// its task's queue.
+pub(crate) const SIDE_DEPTH: u32 = 64;
+
+/// IBV_WC_WR_FLUSH_ERR, IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR.
+const WC_FLUSH_ERR: u32 = 5;
+const WC_REM_INV_REQ_ERR: u32 = 9;
+const WC_REM_ACCESS_ERR: u32 = 10;
+
+/// Times a side connect retries with a fresh cm_id when iWARP finds its
+/// local port taken (as `connect` does, §9).
+const PORT_RETRIES: u32 = 3;
+
+/// The side tokens a listener gave (§10.2), each with its connection's
+/// state (a `Weak`: a closed connection's token finds nothing).
+#[derive(Default)]
+pub(crate) struct SideRegistry {
+    tokens: std::sync::Mutex<Vec<(SideToken, Weak<RemoteShared>)>>,
+}
+
+impl SideRegistry {
+    /// A fresh random token for `shared`'s connection; `None` (the
+    /// connection then gets no one-sided access) if the system's random
+    /// source fails.
+    pub(crate) fn issue(&self) -> Option<SideToken> {
+        use std::io::Read;
+        let mut t: SideToken = [0; crate::engine::wire::SIDE_TOKEN_LEN];
+        if let Err(e) = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut t)) {
+            tracing::warn!("rdma listener: no random side token ({e}); no one-sided access");
+            return None;
+        }
+        Some(t)
+    }
+
+    /// Records `token` as `shared`'s (and forgets closed connections').
+    pub(crate) fn register(&self, token: SideToken, shared: &Arc<RemoteShared>) {
+        let mut g = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        g.retain(|(_, w)| w.upgrade().is_some_and(|s| !s.is_closed()));
+        g.push((token, Arc::downgrade(shared)));
+    }
+
+    /// The open connection `token` was given to.
+    pub(crate) fn find(&self, token: &SideToken) -> Option<Arc<RemoteShared>> {
+        let g = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        g.iter()
+            .find(|(t, _)| t == token)
+            .and_then(|(_, w)| w.upgrade())
+            .filter(|s| !s.is_closed())
+    }
+}
+
+fn unavailable(why: impl Into<String>) -> Error {
+    Error::Remote(RemoteError::Unavailable(why.into()))
+}
+
+/// The CQ and QP of a side queue pair on `id`, in the exposure PD `pd`.
+fn side_qp(id: &Arc<CmId>, pd: &Arc<Pd>) -> Result<(Arc<Cq>, Qp), Error> {
+    let comp = CompChannel::new(id.clone())?;
+    let cq = Cq::new(id, comp, (SIDE_DEPTH + 16) as i32)?;
+    let qp = Qp::new(
+        id.clone(),
+        pd.clone(),
+        cq.clone(),
+        cq.clone(),
+        QpCaps {
+            send_wr: SIDE_DEPTH,
+            // No receive is ever posted; some providers want a queue.
+            recv_wr: 1,
+            inline: 0,
+            srq: None,
+        },
+    )?;
+    Ok((cq, qp))
+}
+
+/// Active side (§10.2): opens a side queue pair to the listener at `peer`
+/// (from `local`), presenting `token`, and starts its task. Bounded by
+/// `connect_timeout`.
+pub(crate) async fn open_side(
+    shared: &Arc<RemoteShared>,
+    peer: SocketAddr,
+    local: Option<IpAddr>,
+    token: SideToken,
+) -> Result<SideLink, Error> {
+    let cfg = shared.cfg.clone();
+    let deadline = tokio::time::Instant::now() + cfg.connect_timeout;
+    let mut collisions = 0;
+    loop {
+        let r = tokio::time::timeout_at(deadline, open_once(shared, peer, local, token, &cfg))
+            .await
+            .unwrap_or_else(|_| {
+                Err(unavailable(
+                    "opening the side queue pair timed out (connect_timeout)",
+                ))
+            });
+        match r {
+            Err(Error::Verb {
+                verb: "rdma_connect",
+                errno,
+            }) if errno.0 == libc::EADDRINUSE && collisions < PORT_RETRIES => collisions += 1,
+            Err(e @ Error::Remote(_)) => return Err(e),
+            Err(e) => return Err(unavailable(format!("opening the side queue pair: {e}"))),
+            Ok(l) => return Ok(l),
+        }
+    }
+}
+
+async fn open_once(
+    shared: &Arc<RemoteShared>,
+    peer: SocketAddr,
+    local: Option<IpAddr>,
+    token: SideToken,
+    cfg: &Config,
+) -> Result<SideLink, Error> {
+    let (chan, afd, id) = resolve(peer, local, cfg).await?;
+    let id = Arc::new(id);
+    if !shared.same_device(&id) {
+        return Err(unavailable(
+            "the side queue pair resolved to another RDMA device than the connection",
+        ));
+    }
+    let pd = shared.pd()?;
+    let (cq, qp) = side_qp(&id, &pd)?;
+    let private = shared.hello.encode_side(&token);
+    // rdma_connect blocks on iWARP (§9): on the blocking pool, with the QP
+    // travelling along so that it is freed only after the call returned.
+    let id2 = id.clone();
+    let (r, qp) = tokio::task::spawn_blocking(move || (id2.connect(&private), qp))
+        .await
+        .map_err(|_| unavailable("the side connect's thread failed"))?;
+    r?;
+    let e = next_event(&chan, &afd).await?;
+    match e.kind {
+        ev::RDMA_CM_EVENT_ESTABLISHED => {}
+        ev::RDMA_CM_EVENT_REJECTED => {
+            let why = RejectReason::from_private_data(&e.private_data)
+                .map_or_else(|| status_text(e.status), |r| r.to_string());
+            return Err(unavailable(format!(
+                "the peer refused the side queue pair: {why}"
+            )));
+        }
+        k => {
+            return Err(unavailable(format!(
+                "the side queue pair's connect failed: {} ({})",
+                event_name(k),
+                status_text(e.status)
+            )))
+        }
+    }
+    start(shared, id, chan, afd, cq, qp)
+}
+
+/// Listener side (§10.2): answers a side request for `shared`'s
+/// connection on `id` (already on its own channel `chan`), and starts the
+/// side task once it is established. Rejects it when the device differs
+/// or the queue pair cannot be made.
+pub(crate) async fn accept_side(
+    id: CmId,
+    chan: Arc<EventChannel>,
+    shared: Arc<RemoteShared>,
+) -> Result<(), Error> {
+    let afd = match async_fd(chan.clone()) {
+        Ok(a) => a,
+        Err(e) => {
+            id.reject(RejectReason::Resources.text().as_bytes());
+            return Err(e);
+        }
+    };
+    let id = Arc::new(id);
+    if !shared.same_device(&id) {
+        id.reject(b"side queue pair on another device than its connection");
+        return Err(unavailable(
+            "a side request arrived on another device than its connection",
+        ));
+    }
+    let made = shared.pd().and_then(|pd| side_qp(&id, &pd));
+    let (cq, qp) = match made {
+        Ok(x) => x,
+        Err(e) => {
+            id.reject(RejectReason::Resources.text().as_bytes());
+            return Err(e);
+        }
+    };
+    id.accept(&shared.hello.encode())?;
+    let e = tokio::time::timeout(shared.cfg.connect_timeout, next_event(&chan, &afd))
+        .await
+        .map_err(|_| Error::Timeout { stage: "accept" })??;
+    if e.kind != ev::RDMA_CM_EVENT_ESTABLISHED {
+        return Err(unavailable(format!(
+            "the side queue pair's accept failed: {}",
+            event_name(e.kind)
+        )));
+    }
+    start(&shared, id, chan, afd, cq, qp).map(|_| ())
+}
+
+/// Starts the task of an established side queue pair and makes it the one
+/// in use.
+fn start(
+    shared: &Arc<RemoteShared>,
+    id: Arc<CmId>,
+    chan: Arc<EventChannel>,
+    cm_afd: CmFd,
+    cq: Arc<Cq>,
+    qp: Qp,
+) -> Result<SideLink, Error> {
+    let cq_afd = async_fd(cq.clone())?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let link = SideLink {
+        tx,
+        gen: shared.next_gen(),
+    };
+    let task = SideTask {
+        sq: Some(SideQp::new(qp)),
+        inflight: HashMap::new(),
+        waiting: VecDeque::new(),
+        rx,
+        cq_afd,
+        cq,
+        cm_afd,
+        id,
+        chan,
+        shared: Arc::downgrade(shared),
+        closed: shared.closed_watch(),
+        gen: link.gen,
+        wcs: Vec::with_capacity(32),
+    };
+    if !shared.install(link.clone()) {
+        // Closed meanwhile: the task disconnects and frees it at once.
+        tokio::spawn(task.shutdown(Ok(())));
+        return Err(Error::Remote(RemoteError::Closed));
+    }
+    tokio::spawn(task.run());
+    Ok(link)
+}
+
+/// What the side task keeps of a posted operation (its buffer is in the
+/// `SideQp`).
+struct Posted {
+    reply: oneshot::Sender<OpResult>,
+}
+
+/// The task of one side queue pair.
+struct SideTask {
+    /// The QP and the posted buffers: first, so dropping the task destroys
+    /// the QP before anything else goes. `None` once destroyed.
+    sq: Option<SideQp>,
+    inflight: HashMap<u64, Posted>,
+    waiting: VecDeque<Op>,
+    rx: mpsc::UnboundedReceiver<Op>,
+    cq_afd: CqFd,
+    cq: Arc<Cq>,
+    cm_afd: CmFd,
+    id: Arc<CmId>,
+    chan: Arc<EventChannel>,
+    shared: Weak<RemoteShared>,
+    closed: watch::Receiver<bool>,
+    gen: u64,
+    wcs: Vec<Wc>,
+}
+
+impl SideTask {
+    async fn run(mut self) {
+        let why = self.main_loop().await;
+        self.shutdown(why).await;
+    }
+
+    fn next_wr(&self) -> u64 {
+        self.shared.upgrade().map_or(0, |s| s.next_wr())
+    }
+
+    /// Posts waiting operations while fewer than [`SIDE_DEPTH`] are posted.
+    fn post_waiting(&mut self) -> Result<(), Error> {
+        while self.inflight.len() < SIDE_DEPTH as usize {
+            let Some(op) = self.waiting.pop_front() else {
+                break;
+            };
+            if op.reply.is_closed() {
+                // Its caller is gone and it was never posted: drop it.
+                continue;
+            }
+            let wr_id = self.next_wr();
+            let Some(sq) = self.sq.as_mut() else {
+                self.waiting.push_front(op);
+                return Err(unavailable("the side queue pair is gone"));
+            };
+            match sq.post(wr_id, op.read, op.local, op.remote_addr, op.rkey) {
+                Ok(()) => {
+                    self.inflight.insert(wr_id, Posted { reply: op.reply });
+                }
+                Err(b) => {
+                    let (local, e) = *b;
+                    // Not posted: the QP failed (or refused the request);
+                    // the operation goes back for a retry elsewhere.
+                    self.waiting.push_front(Op { local, ..op });
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles polled completions; `Err` at the first failed one (after
+    /// answering it): the queue pair is in the error state.
+    fn complete(&mut self, failing: bool) -> Result<(), Error> {
+        let mut first_err = None;
+        for i in 0..self.wcs.len() {
+            let wc = self.wcs[i];
+            let local = self.sq.as_mut().and_then(|sq| sq.complete(wc.wr_id));
+            let Some(p) = self.inflight.remove(&wc.wr_id) else {
+                continue;
+            };
+            let Some(local) = local else { continue };
+            let r = match wc.status {
+                0 => OpResult::Done(local),
+                WC_FLUSH_ERR => OpResult::Flushed(local),
+                // Once the queue pair failed, other errors are its
+                // consequence (e.g. a retry exceeded after the peer left):
+                // retried on a fresh one too.
+                _ if failing || first_err.is_some() => OpResult::Flushed(local),
+                WC_REM_ACCESS_ERR | WC_REM_INV_REQ_ERR => {
+                    let status = Cq::status_str(wc.status);
+                    first_err = Some(unavailable(format!("remote access error: {status}")));
+                    OpResult::Failed(Error::Remote(RemoteError::Refused { status }))
+                }
+                s => {
+                    let status = Cq::status_str(s);
+                    first_err = Some(unavailable(format!("side queue pair failed: {status}")));
+                    OpResult::Failed(unavailable(format!(
+                        "the side queue pair failed: {status} (status {s})"
+                    )))
+                }
+            };
+            if wc.status == WC_FLUSH_ERR && first_err.is_none() {
+                first_err = Some(unavailable("side queue pair flushed"));
+            }
+            let _ = p.reply.send(r);
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn poll(&mut self, failing: bool) -> Result<usize, Error> {
+        let mut total = 0;
+        loop {
+            self.wcs.clear();
+            let n = self.cq.poll(&mut self.wcs, 32)?;
+            total += n;
+            self.complete(failing)?;
+            if n == 0 {
+                return Ok(total);
+            }
+        }
+    }
+
+    async fn main_loop(&mut self) -> Result<(), Error> {
+        loop {
+            self.post_waiting()?;
+            if self.poll(false)? > 0 {
+                continue;
+            }
+            self.cq.arm()?;
+            // A completion between the poll and the arm raises no event.
+            if self.poll(false)? > 0 {
+                continue;
+            }
+            let room = self.inflight.len() < SIDE_DEPTH as usize;
+            tokio::select! {
+                g = self.cq_afd.readable() => {
+                    let mut g = g.map_err(|e| super::io_err("AsyncFd(side cq)", e))?;
+                    g.clear_ready();
+                    self.cq.consume_events()?;
+                }
+                op = self.rx.recv(), if room => match op {
+                    Some(op) => self.waiting.push_back(op),
+                    // Every handle is gone: nobody can use this side.
+                    None => return Ok(()),
+                },
+                e = next_event(&self.chan, &self.cm_afd) => {
+                    let e = e?;
+                    match e.kind {
+                        ev::RDMA_CM_EVENT_DISCONNECTED | ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                            return Err(unavailable("the peer closed the side queue pair"));
+                        }
+                        k => tracing::debug!("side queue pair: cm event {}", event_name(k)),
+                    }
+                }
+                _ = self.closed.wait_for(|c| *c) => return Ok(()),
+            }
+        }
+    }
+
+    /// Ends the side queue pair: no longer in use, the peer told
+    /// (disconnect), everything posted flushed and answered, the QP
+    /// destroyed before any buffer is freed. `why`: `Ok` when closing, the
+    /// failure otherwise.
+    async fn shutdown(mut self, why: Result<(), Error>) {
+        let shared = self.shared.upgrade();
+        if let Some(s) = &shared {
+            s.side_failed(self.gen);
+        }
+        if let Err(e) = &why {
+            tracing::debug!("rdma side queue pair ends: {e}");
+        }
+        // From here no operation can be queued: what is queued is answered.
+        self.rx.close();
+        while let Ok(op) = self.rx.try_recv() {
+            self.waiting.push_back(op);
+        }
+        let _ = self.id.disconnect();
+        if let Some(sq) = &self.sq {
+            let _ = sq.to_error();
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while self.sq.as_ref().is_some_and(|sq| sq.outstanding() > 0)
+            && tokio::time::Instant::now() < deadline
+        {
+            match self.poll(true) {
+                Ok(0) => tokio::time::sleep(Duration::from_millis(2)).await,
+                Ok(_) => {}
+                Err(_) => {}
+            }
+        }
+        // The QP goes before any buffer still posted (now safe to free).
+        if let Some(sq) = self.sq.take() {
+            for (wr_id, local) in sq.destroy() {
+                if let Some(p) = self.inflight.remove(&wr_id) {
+                    let _ = p.reply.send(OpResult::Flushed(local));
+                }
+            }
+        }
+        for op in self.waiting.drain(..) {
+            let _ = op.reply.send(OpResult::Flushed(op.local));
+        }
+        let _ = self.cq.consume_events();
+        if why.is_err() {
+            if let Some(s) = shared {
+                s.reopen_later();
+            }
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The application's memory registered for one-sided access (wire protocol
+//! §10): [`UserMr`], a registration of the exact bytes of a `Bytes` or
+//! `BytesMut` in a connection's exposure PD (an exposure, or the local
+//! buffer of a READ or WRITE), and [`SideQp`], the side queue pair that
+//! owns every buffer posted on it until its completion is polled or the
+//! queue pair is destroyed.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use rdma_sys::*;
+
+use super::REGISTERED_BYTES;
+use crate::error::{Error, RemoteError, ResourceError};
+use crate::remote::{Exposable, RemoteAccess};
+// Named imports shadow rdma-sys' `extern` declarations: these call the
+// libraries loaded at run time (see `verbs::dl`).
+use crate::verbs::dl::{ibv_dereg_mr, ibv_reg_mr};
+use crate::verbs::{verb_err, OneSidedDesc, Pd, Qp};
+
+/// What a [`UserMr`] lets the NIC do with the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MrUse {
+    /// Read by our own RDMA WRITE (its source): no access flag at all.
+    WriteSource,
+    /// Written by our own RDMA READ (its destination): local write.
+    ReadDestination,
+    /// Reached by the peer through the rkey with this access (an exposure).
+    Exposed(RemoteAccess),
+}
+
+impl MrUse {
+    fn flags(self) -> u32 {
+        use ibv_access_flags as f;
+        match self {
+            MrUse::WriteSource => 0,
+            MrUse::ReadDestination => f::IBV_ACCESS_LOCAL_WRITE.0,
+            MrUse::Exposed(RemoteAccess::Read) => f::IBV_ACCESS_REMOTE_READ.0,
+            // Remote write needs local write (ibv_reg_mr(3)).
+            MrUse::Exposed(RemoteAccess::Write) => {
+                f::IBV_ACCESS_REMOTE_WRITE.0 | f::IBV_ACCESS_LOCAL_WRITE.0
+            }
+            MrUse::Exposed(RemoteAccess::ReadWrite) => {
+                f::IBV_ACCESS_REMOTE_READ.0
+                    | f::IBV_ACCESS_REMOTE_WRITE.0
+                    | f::IBV_ACCESS_LOCAL_WRITE.0
+            }
+        }
+    }
+
+    /// Whether the NIC may write the buffer.
+    fn writes(self) -> bool {
+        self.flags() & ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 != 0
+    }
+}
+
+/// The exact bytes of an application buffer registered in a PD. While it
+/// lives the buffer is reached only by the NIC (the CPU never reads or
+/// writes it, no reference over it is formed); [`UserMr::into_inner`]
+/// deregisters it before it gives the buffer back, so the application
+/// never sees memory the NIC may still write.
+pub(crate) struct UserMr {
+    mr: *mut ibv_mr,
+    /// `Some` until given back; never touched meanwhile.
+    buf: Option<Exposable>,
+    addr: u64,
+    len: usize,
+    how: MrUse,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: the buffer is uniquely owned (a `BytesMut`, or a `Bytes` the NIC
+// only reads); the MR pointer is only passed to thread-safe libibverbs
+// calls.
+unsafe impl Send for UserMr {}
+
+impl UserMr {
+    /// Registers `buf`'s bytes in `pd` for `how`, counting them against
+    /// `global_limit` (`Config::global_max_registered_bytes`).
+    pub(crate) fn new(
+        pd: &Arc<Pd>,
+        buf: Exposable,
+        how: MrUse,
+        global_limit: usize,
+    ) -> Result<UserMr, Error> {
+        let mut buf = buf;
+        let (ptr, len) = match &mut buf {
+            // The NIC must never write memory other `Bytes` may share.
+            Exposable::Shared(_) if how.writes() => {
+                return Err(Error::Remote(RemoteError::SharedNotWritable))
+            }
+            Exposable::Shared(b) => (b.as_ptr() as *mut u8, b.len()),
+            Exposable::Owned(b) => (b.as_mut_ptr(), b.len()),
+        };
+        if len == 0 {
+            return Err(Error::Remote(RemoteError::Empty));
+        }
+        let prev = REGISTERED_BYTES.fetch_add(len, Ordering::SeqCst);
+        if prev + len > global_limit {
+            REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
+            return Err(Error::ResourceLimit(ResourceError::RegisteredBytes {
+                requested: len,
+                cap: global_limit,
+                in_use: prev,
+            }));
+        }
+        // SAFETY: [ptr, ptr+len) is the live, initialised memory of `buf`,
+        // which this UserMr owns (and so keeps allocated and unmoved: a
+        // `Bytes`/`BytesMut` is a pointer to a heap or static buffer that
+        // moving the handle does not move) until it is deregistered; pd is
+        // live. A `Bytes` is registered without write access (above).
+        let mr = unsafe { ibv_reg_mr(pd.ptr, ptr.cast(), len, how.flags() as i32) };
+        if mr.is_null() {
+            REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
+            return Err(Error::ResourceLimit(ResourceError::from_error(verb_err(
+                "ibv_reg_mr",
+            ))));
+        }
+        crate::stats::GLOBAL
+            .memory_registrations
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(UserMr {
+            mr,
+            buf: Some(buf),
+            addr: ptr as u64,
+            len,
+            how,
+            _pd: pd.clone(),
+        })
+    }
+
+    pub(crate) fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn rkey(&self) -> u32 {
+        // SAFETY: mr is live while self exists (deregistered only by
+        // `deregister`, after which `buf` is None and no accessor runs);
+        // plain field read.
+        unsafe { (*self.mr).rkey }
+    }
+
+    fn lkey(&self) -> u32 {
+        // SAFETY: as for rkey.
+        unsafe { (*self.mr).lkey }
+    }
+
+    /// Deregisters the MR (once). After `ibv_dereg_mr` returns 0 the NIC
+    /// can no longer touch the buffer. `false` if it failed: then the
+    /// buffer must never be freed nor handed out (the device may still map
+    /// it).
+    fn deregister(&mut self) -> bool {
+        if self.mr.is_null() {
+            return true;
+        }
+        // SAFETY: mr was registered in `new` and is deregistered only here
+        // (then set to null). Every work request that used it as a local
+        // buffer completed or its QP was destroyed ([`SideQp`] keeps it
+        // until then).
+        let r = unsafe { ibv_dereg_mr(self.mr) };
+        if r != 0 {
+            tracing::warn!(
+                "ibv_dereg_mr of an application buffer of {} bytes failed: {}; leaking it",
+                self.len,
+                crate::error::Errno(r)
+            );
+            return false;
+        }
+        self.mr = std::ptr::null_mut();
+        REGISTERED_BYTES.fetch_sub(self.len, Ordering::SeqCst);
+        true
+    }
+
+    /// Deregisters the buffer and gives it back; `None` when
+    /// deregistering failed (the buffer is leaked, never handed out).
+    pub(crate) fn into_inner(mut self) -> Option<Exposable> {
+        if self.deregister() {
+            self.buf.take()
+        } else {
+            std::mem::forget(self.buf.take());
+            None
+        }
+    }
+}
+
+impl Drop for UserMr {
+    fn drop(&mut self) {
+        if !self.deregister() {
+            std::mem::forget(self.buf.take());
+        }
+    }
+}
+
+impl Exposable {
+    /// The bytes of an `Owned` buffer after a READ into it.
+    pub(crate) fn into_bytes(self) -> Bytes {
+        match self {
+            Exposable::Shared(b) => b,
+            Exposable::Owned(b) => b.freeze(),
+        }
+    }
+}
+
+/// A READ's destination: `len` zeroed bytes.
+pub(crate) fn read_destination(len: usize) -> Exposable {
+    Exposable::Owned(BytesMut::zeroed(len))
+}
+
+/// The side queue pair of a connection (wire protocol §10.2) and every
+/// buffer posted on it: a posted [`UserMr`] stays here until
+/// [`SideQp::complete`] is called for its polled completion, or the QP is
+/// destroyed ([`SideQp::destroy`], or dropping: the QP goes first).
+pub(crate) struct SideQp {
+    /// First: destroyed before the buffers below are deregistered.
+    qp: Qp,
+    posted: HashMap<u64, UserMr>,
+}
+
+impl SideQp {
+    pub(crate) fn new(qp: Qp) -> SideQp {
+        SideQp {
+            qp,
+            posted: HashMap::new(),
+        }
+    }
+
+    /// Posts a signaled READ (into `local`, which must be a
+    /// [`MrUse::ReadDestination`]) or WRITE (from `local`, a
+    /// [`MrUse::WriteSource`]) of all of `local`, to `[remote_addr,
+    /// +local.len())` with `rkey`; `local` stays here until `wr_id`
+    /// completes. On failure it is given back.
+    pub(crate) fn post(
+        &mut self,
+        wr_id: u64,
+        read: bool,
+        local: UserMr,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<(), Box<(UserMr, Error)>> {
+        let want = if read {
+            MrUse::ReadDestination
+        } else {
+            MrUse::WriteSource
+        };
+        if local.how != want || self.posted.contains_key(&wr_id) {
+            return Err(Box::new((
+                local,
+                Error::Remote(RemoteError::Unavailable(
+                    "internal: a buffer of the wrong kind or a reused work request id".into(),
+                )),
+            )));
+        }
+        let Ok(len) = u32::try_from(local.len) else {
+            let e = Error::Remote(RemoteError::TooLarge {
+                len: local.len as u64,
+                max: u32::MAX.into(),
+            });
+            return Err(Box::new((local, e)));
+        };
+        let d = OneSidedDesc {
+            wr_id,
+            read,
+            addr: local.addr,
+            len,
+            lkey: local.lkey(),
+            remote_addr,
+            rkey,
+        };
+        // SAFETY: `local` is registered on the exposure PD, which is this
+        // QP's PD (both made from it by the caller), with local write for a
+        // READ (checked above: `how`); it moves into `posted` right after a
+        // successful post and leaves only by `complete` (its completion was
+        // polled) or after the QP is destroyed; the CPU never touches a
+        // UserMr's buffer while it is registered.
+        match unsafe { self.qp.post_one_sided(&d) } {
+            Ok(()) => {
+                self.posted.insert(wr_id, local);
+                Ok(())
+            }
+            Err(e) => Err(Box::new((local, e))),
+        }
+    }
+
+    /// The buffer of `wr_id`, whose completion was just polled.
+    pub(crate) fn complete(&mut self, wr_id: u64) -> Option<UserMr> {
+        self.posted.remove(&wr_id)
+    }
+
+    /// Work requests posted whose completion was not polled yet.
+    pub(crate) fn outstanding(&self) -> usize {
+        self.posted.len()
+    }
+
+    /// Moves the QP to the error state: every posted work request is
+    /// flushed (completes with IBV_WC_WR_FLUSH_ERR).
+    pub(crate) fn to_error(&self) -> Result<(), Error> {
+        self.qp.to_error()
+    }
+
+    /// Destroys the QP, then gives back the buffers whose completion never
+    /// came (safe now: after `rdma_destroy_qp` the NIC no longer touches
+    /// them).
+    pub(crate) fn destroy(self) -> Vec<(u64, UserMr)> {
+        let SideQp { qp, posted } = self;
+        drop(qp);
+        posted.into_iter().collect()
+    }
+}

@@ -1,0 +1,348 @@
+//! The one-sided state of one connection (§10): its exposure PD (made on
+//! first use), the bytes it exposes, the side queue pair in use (a
+//! [`SideLink`] to its task) and how an operation gets one: the active
+//! side opens it, the listener side waits for the active side to.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::config::Config;
+use crate::engine::wire::{Hello, SideToken};
+use crate::error::{Error, RemoteError, ResourceError};
+use crate::mem::UserMr;
+use crate::verbs::cm::CmId;
+use crate::verbs::Pd;
+
+/// Which end of the connection this is.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Role {
+    /// The side that called `connect`: opens the side queue pair, to the
+    /// listener at `peer`, from `local`.
+    Active {
+        peer: SocketAddr,
+        local: Option<IpAddr>,
+    },
+    /// The listener's side: waits for the active side to open it.
+    Passive,
+}
+
+/// One READ or WRITE handed to a side queue pair's task, which owns it
+/// (and its buffer) until its completion is polled.
+pub(crate) struct Op {
+    pub(crate) read: bool,
+    pub(crate) local: UserMr,
+    pub(crate) remote_addr: u64,
+    pub(crate) rkey: u32,
+    pub(crate) reply: oneshot::Sender<OpResult>,
+}
+
+/// How an [`Op`] ended.
+pub(crate) enum OpResult {
+    /// Completed: the local buffer, still registered.
+    Done(UserMr),
+    /// Flushed (or never posted) because the side queue pair failed: may
+    /// be retried on a fresh one.
+    Flushed(UserMr),
+    /// Failed for good.
+    Failed(Error),
+}
+
+/// A live side queue pair: its task's queue, and its generation.
+#[derive(Clone)]
+pub(crate) struct SideLink {
+    pub(crate) tx: mpsc::UnboundedSender<Op>,
+    pub(crate) gen: u64,
+}
+
+/// The one-sided state of one connection, shared by its [`RemoteMemory`]
+/// handles, its exposures, its driver (which closes it) and, on the
+/// listener side, the listener (a `Weak`, to find it by its token).
+///
+/// [`RemoteMemory`]: super::RemoteMemory
+pub(crate) struct RemoteShared {
+    pub(crate) cfg: Config,
+    pub(crate) role: Role,
+    /// `None`: the peer does not offer one-sided access.
+    pub(crate) token: Option<SideToken>,
+    /// Our hello, sent again (with the side flag) on side requests.
+    pub(crate) hello: Hello,
+    /// The main connection's cm_id: its device is the exposure PD's.
+    main_id: Arc<CmId>,
+    pd: Mutex<Option<Arc<Pd>>>,
+    exposed: Arc<AtomicUsize>,
+    side: watch::Sender<Option<SideLink>>,
+    /// Active side: one opener at a time.
+    open_lock: tokio::sync::Mutex<()>,
+    closed: watch::Sender<bool>,
+    next_gen: AtomicU64,
+    /// Work request ids for the side queue pairs' READs and WRITEs.
+    next_wr: AtomicU64,
+}
+
+/// Bytes counted against `Config::max_exposed_bytes`, given back on drop.
+pub(crate) struct Counted {
+    bytes: usize,
+    total: Arc<AtomicUsize>,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.total.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
+}
+
+impl RemoteShared {
+    pub(crate) fn new(
+        cfg: &Config,
+        role: Role,
+        token: Option<SideToken>,
+        hello: Hello,
+        main_id: Arc<CmId>,
+    ) -> Arc<RemoteShared> {
+        Arc::new(RemoteShared {
+            cfg: cfg.clone(),
+            role,
+            token,
+            hello,
+            main_id,
+            pd: Mutex::new(None),
+            exposed: Arc::default(),
+            side: watch::Sender::new(None),
+            open_lock: tokio::sync::Mutex::new(()),
+            closed: watch::Sender::new(false),
+            next_gen: AtomicU64::new(1),
+            next_wr: AtomicU64::new(1),
+        })
+    }
+
+    /// Ends one-sided access: the connection is closed. The side queue
+    /// pair's task stops (and disconnects it); exposures stay registered
+    /// until revoked or dropped, but no queue pair can reach them.
+    pub(crate) fn close(&self) {
+        self.closed.send_replace(true);
+        self.side.send_replace(None);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    pub(crate) fn closed_watch(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+
+    /// `Ok` when operations may proceed: open, and offered by the peer.
+    pub(crate) fn usable(&self) -> Result<(), Error> {
+        if self.is_closed() {
+            return Err(Error::Remote(RemoteError::Closed));
+        }
+        if self.token.is_none() {
+            return Err(Error::Remote(RemoteError::Unavailable(
+                "the peer does not offer one-sided access".into(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// The exposure PD, allocated on first use on the main connection's
+    /// device: only this connection's side queue pairs are in it (§10.1).
+    pub(crate) fn pd(&self) -> Result<Arc<Pd>, Error> {
+        let mut g = self.pd.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pd) = g.as_ref() {
+            return Ok(pd.clone());
+        }
+        let pd = Pd::new(self.main_id.clone())
+            .map_err(|e| Error::ResourceLimit(ResourceError::from_error(e)))?;
+        *g = Some(pd.clone());
+        Ok(pd)
+    }
+
+    /// The exposure PD's device is `id`'s.
+    pub(crate) fn same_device(&self, id: &CmId) -> bool {
+        std::ptr::eq(id.verbs(), self.main_id.verbs())
+    }
+
+    pub(crate) fn exposed(&self) -> usize {
+        self.exposed.load(Ordering::SeqCst)
+    }
+
+    /// Counts `len` more exposed bytes, within `Config::max_exposed_bytes`.
+    pub(crate) fn count_exposed(&self, len: usize) -> Result<Counted, Error> {
+        let cap = self.cfg.max_exposed_bytes;
+        let prev = self.exposed.fetch_add(len, Ordering::SeqCst);
+        if prev.checked_add(len).is_none_or(|t| t > cap) {
+            self.exposed.fetch_sub(len, Ordering::SeqCst);
+            return Err(Error::ResourceLimit(ResourceError::ExposedBytes {
+                requested: len,
+                cap,
+                in_use: prev,
+            }));
+        }
+        Ok(Counted {
+            bytes: len,
+            total: self.exposed.clone(),
+        })
+    }
+
+    pub(crate) fn next_gen(&self) -> u64 {
+        self.next_gen.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn next_wr(&self) -> u64 {
+        self.next_wr.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Makes `link` the side queue pair in use (unless closed meanwhile:
+    /// then `false`, and the caller's task stops).
+    pub(crate) fn install(&self, link: SideLink) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        self.side.send_replace(Some(link));
+        // close() may have run between the check and the send.
+        if self.is_closed() {
+            self.side.send_replace(None);
+            return false;
+        }
+        true
+    }
+
+    /// The side queue pair of generation `gen` failed: no longer in use.
+    pub(crate) fn side_failed(&self, gen: u64) {
+        self.side.send_if_modified(|s| {
+            if s.as_ref().is_some_and(|l| l.gen == gen) {
+                *s = None;
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    fn current(&self, not: Option<u64>) -> Option<SideLink> {
+        self.side
+            .borrow()
+            .as_ref()
+            .filter(|l| Some(l.gen) != not)
+            .cloned()
+    }
+
+    /// A live side queue pair other than generation `not`: the current one;
+    /// else, on the active side, a new one (opened now); on the listener
+    /// side, the one the active side opens within `connect_timeout`.
+    pub(crate) async fn side(self: &Arc<Self>, not: Option<u64>) -> Result<SideLink, Error> {
+        self.usable()?;
+        if let Some(l) = self.current(not) {
+            return Ok(l);
+        }
+        let token = self.token.expect("usable() checked the token");
+        match self.role {
+            Role::Active { peer, local } => {
+                let _g = self.open_lock.lock().await;
+                if let Some(l) = self.current(not) {
+                    return Ok(l);
+                }
+                self.usable()?;
+                crate::conn::open_side(self, peer, local, token).await
+            }
+            Role::Passive => {
+                let mut rx = self.side.subscribe();
+                let mut closed = self.closed.subscribe();
+                let wait = async {
+                    tokio::select! {
+                        r = rx.wait_for(|s| s.as_ref().is_some_and(|l| Some(l.gen) != not)) => {
+                            r.ok().and_then(|s| s.clone())
+                        }
+                        _ = closed.wait_for(|c| *c) => None,
+                    }
+                };
+                match tokio::time::timeout(self.cfg.connect_timeout, wait).await {
+                    Ok(Some(l)) => Ok(l),
+                    Ok(None) => Err(Error::Remote(RemoteError::Closed)),
+                    Err(_) => Err(Error::Remote(RemoteError::Unavailable(format!(
+                        "the peer opened no side queue pair within connect_timeout ({:?})",
+                        self.cfg.connect_timeout
+                    )))),
+                }
+            }
+        }
+    }
+
+    /// Runs one READ or WRITE: on the current side queue pair, and once
+    /// more on a fresh one if it failed under the operation without the
+    /// operation being the cause (§10.3).
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        read: bool,
+        local: UserMr,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<UserMr, Error> {
+        let mut local = local;
+        let mut failed: Option<u64> = None;
+        for _attempt in 0..2 {
+            let link = self.side(failed).await?;
+            let (tx, rx) = oneshot::channel();
+            let op = Op {
+                read,
+                local,
+                remote_addr,
+                rkey,
+                reply: tx,
+            };
+            if let Err(mpsc::error::SendError(op)) = link.tx.send(op) {
+                // Its task ended: the queue pair failed before we posted.
+                local = op.local;
+                failed = Some(link.gen);
+                continue;
+            }
+            match rx.await {
+                Ok(OpResult::Done(l)) => return Ok(l),
+                Ok(OpResult::Flushed(l)) => {
+                    local = l;
+                    failed = Some(link.gen);
+                }
+                Ok(OpResult::Failed(e)) => return Err(e),
+                // The task never drops an op without replying; should it
+                // (a runtime shutting down), the buffer went with it.
+                Err(_) => {
+                    return Err(Error::Remote(RemoteError::Unavailable(
+                        "the side queue pair's task ended".into(),
+                    )))
+                }
+            }
+        }
+        drop(local);
+        if self.is_closed() {
+            return Err(Error::Remote(RemoteError::Closed));
+        }
+        Err(Error::Remote(RemoteError::Unavailable(
+            "the side queue pair failed twice under this operation".into(),
+        )))
+    }
+
+    /// After the side queue pair of the active side failed: opens a fresh
+    /// one in the background (no sooner than a second after the last
+    /// attempt), so that the listener side's operations, which cannot open
+    /// one, find one.
+    pub(crate) fn reopen_later(self: &Arc<Self>) {
+        if !matches!(self.role, Role::Active { .. }) || self.is_closed() {
+            return;
+        }
+        let weak: Weak<RemoteShared> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(s) = weak.upgrade() else { return };
+            if s.is_closed() || s.current(None).is_some() {
+                return;
+            }
+            if let Err(e) = s.side(None).await {
+                tracing::debug!("rdma: reopening the side queue pair failed: {e}");
+            }
+        });
+    }
+}
