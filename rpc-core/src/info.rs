@@ -261,7 +261,21 @@ pub struct ConnInfo {
     /// The connection's process-wide number (0: not a session's yet), for
     /// the regions exposed on it (`crate::remote`).
     pub(crate) id: u64,
+    /// An RDMA connection's one-sided access (`crate::remote`).
+    pub(crate) one_sided: Option<OneSided>,
 }
+
+/// An RDMA connection's one-sided access: part of what a connection
+/// offers, not of its identity (every two compare equal).
+#[derive(Clone, Debug)]
+pub(crate) struct OneSided(pub(crate) rdma_transport::RemoteMemory);
+
+impl PartialEq for OneSided {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for OneSided {}
 
 /// A new connection number for [`ConnInfo`] (never 0).
 pub(crate) fn next_conn_id() -> u64 {
@@ -279,6 +293,7 @@ impl ConnInfo {
             local: None,
             tls: None,
             id: 0,
+            one_sided: None,
         }
     }
 

@@ -72,31 +72,34 @@ pub fn service_path_usage() -> (usize, usize) {
 pub struct Remote {
     /// This end of the connection.
     side: Side,
-    how: How,
+    /// An RDMA connection whose peer offers one-sided access.
+    one_sided: Option<rdma_transport::RemoteMemory>,
+    service: Service,
 }
 
+/// The service path of a connection.
 #[derive(Clone)]
-enum How {
-    /// The server, on a connection without one-sided access: the regions
-    /// of both sides are in the process's table.
+enum Service {
+    /// The server: the regions of both sides are in the process's table.
     Table(ConnKey),
-    /// The client, on a connection without one-sided access: through the
-    /// server's service.
-    Service(Channel),
+    /// The client: through the server's service.
+    Channel(Channel),
 }
 
 impl std::fmt::Debug for Remote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Remote")
             .field("side", &self.side)
-            .field(
-                "path",
-                &match self.how {
-                    How::Table(_) | How::Service(_) => "service",
-                },
-            )
+            .field("one_sided", &self.one_sided.is_some())
             .finish()
     }
+}
+
+/// The one-sided access of a connection, where its peer offers it.
+fn one_sided_of(info: Option<&crate::ConnInfo>) -> Option<rdma_transport::RemoteMemory> {
+    info.and_then(|i| i.one_sided.as_ref())
+        .map(|o| o.0.clone())
+        .filter(|m| m.is_available())
 }
 
 impl Remote {
@@ -117,7 +120,8 @@ impl Remote {
         })?;
         Ok(Remote {
             side: Side::Server,
-            how: How::Table(conn),
+            one_sided: one_sided_of(request.extensions().get::<crate::ConnInfo>()),
+            service: Service::Table(conn),
         })
     }
 
@@ -132,12 +136,22 @@ impl Remote {
     /// rate limit (no single connection); the connection's error when a
     /// lazy channel cannot connect.
     pub async fn of_channel(channel: &Channel) -> Result<Remote, Status> {
-        match channel.remote_target().await? {
-            RemoteTarget::Tcp | RemoteTarget::Msg => Ok(Remote {
-                side: Side::Client,
-                how: How::Service(channel.clone()),
-            }),
-        }
+        let one_sided = match channel.remote_target().await? {
+            RemoteTarget::Tcp => None,
+            RemoteTarget::Msg(info) => one_sided_of(Some(&info)),
+        };
+        Ok(Remote {
+            side: Side::Client,
+            one_sided,
+            service: Service::Channel(channel.clone()),
+        })
+    }
+
+    /// Whether this connection reads and writes regions one-sided (RDMA
+    /// READ and WRITE, no handler at the exposing side), rather than
+    /// through the server's service.
+    pub fn is_one_sided(&self) -> bool {
+        self.one_sided.is_some()
     }
 
     /// Exposes `buf` to the peer with `access` until the returned grant is
@@ -149,7 +163,8 @@ impl Remote {
     ///
     /// `INVALID_ARGUMENT` for shared bytes exposed for writing or an unset
     /// access, `RESOURCE_EXHAUSTED` over the caps on exposed bytes (per
-    /// connection and per process).
+    /// connection and per process; on RDMA also the cap on registered
+    /// memory).
     pub async fn expose(&self, buf: impl Into<Exposable>, access: Access) -> Result<Grant, Status> {
         let buf = buf.into();
         if access == Access::Unspecified {
@@ -158,15 +173,36 @@ impl Remote {
         if access.writes() && matches!(buf, Exposable::Shared(_)) {
             return Err(RegionError::SharedNotWritable.into());
         }
-        match &self.how {
-            How::Table(conn) => {
+        // An empty region has nothing to register: the service path keeps it.
+        if let Some(m) = self.one_sided.as_ref().filter(|_| !buf.is_empty()) {
+            let e = m
+                .expose(to_transport(buf), rdma_access(access))
+                .await
+                .map_err(status_of)?;
+            let k = e.key();
+            return Ok(Grant {
+                region: RemoteRegion {
+                    length: k.len,
+                    access: access as i32,
+                    path: Path::OneSided as i32,
+                    exposed_by: self.side as i32,
+                    addr: k.addr,
+                    rkey: k.rkey,
+                    id: 0,
+                    token: 0,
+                },
+                how: GrantHow::OneSided(e),
+            });
+        }
+        match &self.service {
+            Service::Table(conn) => {
                 let region = table().insert(*conn, self.side, access, buf)?;
                 Ok(Grant {
                     region,
                     how: GrantHow::Table,
                 })
             }
-            How::Service(ch) => {
+            Service::Channel(ch) => {
                 let data = match &buf {
                     Exposable::Shared(b) => b.clone(),
                     Exposable::Owned(b) => Bytes::copy_from_slice(b),
@@ -208,10 +244,19 @@ impl Remote {
         len: u64,
     ) -> Result<Bytes, Status> {
         let p = check(region, self.side, Op::Read, offset, len)?;
-        self.path_is(p.path)?;
-        match &self.how {
-            How::Table(conn) => Ok(table().read(*conn, region, offset, len)?),
-            How::Service(ch) => {
+        if p.path == Path::OneSided {
+            let m = self.one_sided_for(p.path)?;
+            let len = usize::try_from(len).map_err(|_| {
+                Status::out_of_range(format!("remote memory: a read of {len} bytes"))
+            })?;
+            return m
+                .read(&rdma_key(region, p.access), offset, len)
+                .await
+                .map_err(status_of);
+        }
+        match &self.service {
+            Service::Table(conn) => Ok(table().read(*conn, region, offset, len)?),
+            Service::Channel(ch) => {
                 let reply: ReadReply = call(
                     ch,
                     READ,
@@ -246,10 +291,16 @@ impl Remote {
     ) -> Result<(), Status> {
         let data = data.into();
         let p = check(region, self.side, Op::Write, offset, data.len() as u64)?;
-        self.path_is(p.path)?;
-        match &self.how {
-            How::Table(conn) => Ok(table().write(*conn, region, offset, &data)?),
-            How::Service(ch) => {
+        if p.path == Path::OneSided {
+            let m = self.one_sided_for(p.path)?;
+            return m
+                .write(&rdma_key(region, p.access), offset, data)
+                .await
+                .map_err(status_of);
+        }
+        match &self.service {
+            Service::Table(conn) => Ok(table().write(*conn, region, offset, &data)?),
+            Service::Channel(ch) => {
                 let _: WriteReply = call(
                     ch,
                     WRITE,
@@ -265,18 +316,68 @@ impl Remote {
         }
     }
 
-    /// The path this connection offers is the descriptor's.
-    fn path_is(&self, descriptor: Path) -> Result<(), RegionError> {
-        let ours = match self.how {
-            How::Table(_) | How::Service(_) => Path::Service,
-        };
-        if descriptor != ours {
-            return Err(RegionError::WrongPath {
+    /// The one-sided access a one-sided descriptor needs.
+    fn one_sided_for(&self, descriptor: Path) -> Result<&rdma_transport::RemoteMemory, Status> {
+        self.one_sided.as_ref().ok_or_else(|| {
+            RegionError::WrongPath {
                 descriptor: path_name(descriptor),
-                connection: path_name(ours),
-            });
-        }
-        Ok(())
+                connection: path_name(Path::Service),
+            }
+            .into()
+        })
+    }
+}
+
+fn rdma_access(a: Access) -> rdma_transport::RemoteAccess {
+    match a {
+        Access::Write => rdma_transport::RemoteAccess::Write,
+        Access::ReadWrite => rdma_transport::RemoteAccess::ReadWrite,
+        Access::Read | Access::Unspecified => rdma_transport::RemoteAccess::Read,
+    }
+}
+
+/// The transport's key of a one-sided descriptor (already checked).
+fn rdma_key(r: &RemoteRegion, access: Access) -> rdma_transport::RegionKey {
+    rdma_transport::RegionKey {
+        addr: r.addr,
+        len: r.length,
+        rkey: r.rkey,
+        access: rdma_access(access),
+    }
+}
+
+fn to_transport(b: Exposable) -> rdma_transport::Exposable {
+    match b {
+        Exposable::Shared(b) => rdma_transport::Exposable::Shared(b),
+        Exposable::Owned(b) => rdma_transport::Exposable::Owned(b),
+    }
+}
+
+fn from_transport(b: rdma_transport::Exposable) -> Exposable {
+    match b {
+        rdma_transport::Exposable::Shared(b) => Exposable::Shared(b),
+        rdma_transport::Exposable::Owned(b) => Exposable::Owned(b),
+    }
+}
+
+/// The gRPC status of a one-sided operation's failure.
+fn status_of(e: rdma_transport::Error) -> Status {
+    use rdma_transport::{Error as E, RemoteError as R};
+    match &e {
+        E::Remote(r) => match r {
+            R::OutOfRange { .. } => Status::out_of_range(e.to_string()),
+            R::AccessDenied { .. } => Status::permission_denied(e.to_string()),
+            R::Refused { .. } => Status::not_found(format!(
+                "remote region not found: the peer's NIC refused the access ({e}); the region \
+                 was revoked, was exposed on another connection, or the descriptor was altered"
+            )),
+            R::SharedNotWritable | R::Empty | R::TooLarge { .. } => {
+                Status::invalid_argument(e.to_string())
+            }
+            _ => Status::unavailable(e.to_string()),
+        },
+        E::ResourceLimit(_) => Status::resource_exhausted(e.to_string()),
+        _ => Status::unavailable(format!("remote memory: {e}")),
     }
 }
 
@@ -290,6 +391,8 @@ pub struct Grant {
 }
 
 enum GrantHow {
+    /// Registered for one-sided access.
+    OneSided(rdma_transport::Exposure),
     /// In the process's table (a server's region on the service path).
     Table,
     /// Kept at the server (a client's region on the service path); the
@@ -328,6 +431,7 @@ impl Grant {
     /// already dropped its copy.
     pub async fn revoke(mut self) -> Result<Exposable, Status> {
         match std::mem::replace(&mut self.how, GrantHow::Done) {
+            GrantHow::OneSided(e) => Ok(from_transport(e.revoke())),
             GrantHow::Table => table()
                 .remove_id(self.region.id)
                 .ok_or_else(|| RegionError::NotFound.into()),
@@ -368,6 +472,8 @@ impl Grant {
 impl Drop for Grant {
     fn drop(&mut self) {
         match std::mem::replace(&mut self.how, GrantHow::Done) {
+            // Dropping the exposure deregisters it.
+            GrantHow::OneSided(_) | GrantHow::Done => {}
             GrantHow::Table => {
                 table().remove_id(self.region.id);
             }
@@ -391,7 +497,6 @@ impl Drop for Grant {
                     });
                 }
             }
-            GrantHow::Done => {}
         }
     }
 }

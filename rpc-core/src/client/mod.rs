@@ -257,8 +257,8 @@ impl Drop for MsgChannel {
 pub(crate) enum RemoteTarget {
     /// tonic's HTTP/2 channel.
     Tcp,
-    /// A message connection (RDMA or in-memory).
-    Msg,
+    /// A message connection (RDMA or in-memory), with its details.
+    Msg(crate::ConnInfo),
 }
 
 impl Channel {
@@ -273,7 +273,7 @@ impl Channel {
         d.core.ensure_connected().await.map_err(Status::from)?;
         match d.core.current() {
             Some(Inner::Tcp(_)) => Ok(RemoteTarget::Tcp),
-            Some(Inner::Msg(m)) => m.session().await.map(|_| RemoteTarget::Msg),
+            Some(Inner::Msg(m)) => m.session().await.map(|s| RemoteTarget::Msg(s.info.clone())),
             None => Err(Status::unavailable("channel not connected")),
         }
     }

@@ -374,7 +374,8 @@ pub(crate) async fn rdma_channel_at(
                 },
             }
             .map_err(|e| Error::RdmaUnavailable(rdma::reason(addr, &e)))?;
-            let info = ConnInfo::new(TransportKind::Rdma, Some(conn.peer_addr()));
+            let mut info = ConnInfo::new(TransportKind::Rdma, Some(conn.peer_addr()));
+            info.one_sided = Some(crate::info::OneSided(conn.remote_memory()));
             crate::protocol::session::start(RdmaConnection(conn), info, session_cfg, None)
                 .await
                 .map_err(|st| {

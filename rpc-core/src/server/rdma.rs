@@ -33,6 +33,7 @@ pub(crate) fn spawn_accept(
                 Ok(conn) => {
                     let mut info = ConnInfo::new(TransportKind::Rdma, Some(conn.peer_addr()))
                         .with_local(Some(local));
+                    info.one_sided = Some(crate::info::OneSided(conn.remote_memory()));
                     if let Some(t) = &tickets {
                         // The gate let it through with a ticket: its TLS identity.
                         match conn.ticket().and_then(|k| t.take(&k)) {
