@@ -7,7 +7,8 @@ fn main() {
             .file_descriptor_set_path(out.join("examples_descriptor.bin"))
             // The echo service's payloads are `Bytes`: decoded as slices of
             // the received buffer, not copies (rpc_codegen's docs).
-            .bytes(".echo"),
+            .bytes(".echo")
+            .bytes(".blobstore"),
         &[
             "../proto/helloworld.proto",
             "../proto/routeguide.proto",

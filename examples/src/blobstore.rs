@@ -16,8 +16,8 @@ use tonic::{Request, Response, Status};
 
 use crate::pb::blobstore::blob_store_server::BlobStore;
 use crate::pb::blobstore::{
-    FetchReply, FetchRequest, GetReply, GetRequest, PutReply, PutRequest, ReleaseReply,
-    ReleaseRequest,
+    FetchReply, FetchRequest, GetReply, GetRequest, PutReply, PutRequest, ReadReply, ReadRequest,
+    ReleaseReply, ReleaseRequest,
 };
 
 /// Largest blob `Put` accepts.
@@ -142,5 +142,27 @@ impl BlobStore for Blobs {
         let length = blob.len() as u64;
         remote.write(&destination, 0, blob).await?;
         Ok(Response::new(FetchReply { length }))
+    }
+
+    async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadReply>, Status> {
+        let m = request.into_inner();
+        let blob = self.get(&m.name)?;
+        let end = m
+            .offset
+            .checked_add(m.length)
+            .filter(|e| *e <= blob.len() as u64)
+            .ok_or_else(|| {
+                Status::out_of_range(format!(
+                    "{} bytes at {} of blob {:?} of {} bytes",
+                    m.length,
+                    m.offset,
+                    m.name,
+                    blob.len()
+                ))
+            })?;
+        Ok(Response::new(ReadReply {
+            // A slice of the stored blob: no copy.
+            data: blob.slice(m.offset as usize..end as usize),
+        }))
     }
 }

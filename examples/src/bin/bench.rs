@@ -33,7 +33,7 @@ use rpc_core::{Channel, Server, Transport};
 use rpc_examples::blobstore::Blobs;
 use rpc_examples::echo::EchoService;
 use rpc_examples::pb::blobstore::{
-    blob_store_client::BlobStoreClient, blob_store_server::BlobStoreServer, GetRequest,
+    blob_store_client::BlobStoreClient, blob_store_server::BlobStoreServer, GetRequest, ReadRequest,
 };
 use rpc_examples::pb::echo::{echo_client::EchoClient, echo_server::EchoServer, EchoRequest};
 use serde::Serialize;
@@ -95,6 +95,9 @@ enum PathKind {
     /// a region of the server's memory, then each call of the cell reads
     /// `payload` bytes of it (one-sided RDMA READ: no handler runs).
     RemoteRead,
+    /// The same fetch as a unary call over RDMA (direct path): a small
+    /// request, a reply of `payload` bytes of the blob (`BlobStore.Read`).
+    UnaryFetch,
 }
 
 impl PathKind {
@@ -107,6 +110,7 @@ impl PathKind {
             PathKind::TonicTcp => "tonic-tcp",
             PathKind::Memory => "memory",
             PathKind::RemoteRead => "remote-read",
+            PathKind::UnaryFetch => "unary-fetch",
         }
     }
 }
@@ -122,9 +126,10 @@ impl FromStr for PathKind {
             "direct" => PathKind::Direct,
             "direct-memory" => PathKind::DirectMemory,
             "remote-read" => PathKind::RemoteRead,
+            "unary-fetch" => PathKind::UnaryFetch,
             o => {
                 return Err(format!(
-                    "unknown path {o:?}: expected rdma, direct, tcp-fallback, tonic-tcp, memory, direct-memory or remote-read"
+                    "unknown path {o:?}: expected rdma, direct, tcp-fallback, tonic-tcp, memory, direct-memory, remote-read or unary-fetch"
                 ))
             }
         })
@@ -192,6 +197,11 @@ struct Args {
     /// Run client and server on one `current_thread` runtime instead.
     #[arg(long, conflicts_with = "threads")]
     current_thread: bool,
+    /// Serve TCP and RDMA from a runtime of its own with this many threads
+    /// (named `bench-server`), so that the server's CPU per call is
+    /// reported apart (`server CPU/call`). In-memory paths are not affected.
+    #[arg(long)]
+    server_threads: Option<usize>,
     /// Also write the tables (markdown) to this file.
     #[arg(long)]
     markdown: Option<PathBuf>,
@@ -303,15 +313,30 @@ enum Client {
     Tonic(EchoClient<tonic::transport::Channel>),
     /// Reads of a region the server exposed (`remote-read`).
     Remote(Remote, RemoteRegion),
+    /// `BlobStore.Read` calls (`unary-fetch`).
+    Fetch(BlobStoreClient<Channel>),
 }
 
 impl Client {
     /// The reply bytes of one call: for a read, the bytes read.
     async fn call(&mut self, req: EchoRequest) -> Result<usize, tonic::Status> {
         use futures::StreamExt;
-        if let Client::Remote(remote, region) = self {
-            let n = req.payload.len() as u64;
-            return Ok(remote.read(region, 0, n).await?.len());
+        match self {
+            Client::Remote(remote, region) => {
+                let n = req.payload.len() as u64;
+                return Ok(remote.read(region, 0, n).await?.len());
+            }
+            Client::Fetch(c) => {
+                let r = c
+                    .read(ReadRequest {
+                        name: "bench".into(),
+                        offset: 0,
+                        length: req.payload.len() as u64,
+                    })
+                    .await?;
+                return Ok(r.into_inner().data.len());
+            }
+            _ => {}
         }
         match STREAM.get() {
             Some((StreamKind::Client, n)) => {
@@ -322,7 +347,7 @@ impl Client {
                 let r = match self {
                     Client::Ours(c) => c.client_streaming_echo(msgs).await?.into_inner(),
                     Client::Tonic(c) => c.client_streaming_echo(msgs).await?.into_inner(),
-                    Client::Remote(..) => unreachable!("answered above"),
+                    Client::Remote(..) | Client::Fetch(_) => unreachable!("answered above"),
                 };
                 // The call's request bytes, if every message arrived.
                 return Ok(if r.seq == *n { len } else { 0 });
@@ -348,7 +373,7 @@ impl Client {
                             total += m?.payload.len();
                         }
                     }
-                    Client::Remote(..) => unreachable!("answered above"),
+                    Client::Remote(..) | Client::Fetch(_) => unreachable!("answered above"),
                 }
                 return Ok(total);
             }
@@ -357,7 +382,7 @@ impl Client {
         let r = match self {
             Client::Ours(c) => c.unary_echo(req).await?.into_inner(),
             Client::Tonic(c) => c.unary_echo(req).await?.into_inner(),
-            Client::Remote(..) => unreachable!("answered above"),
+            Client::Remote(..) | Client::Fetch(_) => unreachable!("answered above"),
         };
         Ok(r.payload.len())
     }
@@ -398,6 +423,8 @@ fn ours(ch: Channel) -> Client {
 #[derive(Debug, Clone, Copy, Default)]
 struct Usage {
     cpu_us: f64,
+    /// Of `cpu_us`, the threads named `bench-server*` (`--server-threads`).
+    server_cpu_us: f64,
     csw: u64,
 }
 
@@ -419,6 +446,10 @@ fn usage() -> Usage {
                 .and_then(|v| v.parse::<f64>().ok())
             {
                 u.cpu_us += ns / 1e3;
+                let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+                if comm.starts_with("bench-server") {
+                    u.server_cpu_us += ns / 1e3;
+                }
             }
         }
         if let Ok(s) = std::fs::read_to_string(dir.join("status")) {
@@ -482,6 +513,8 @@ struct CellResult {
     cpu_us_per_call: f64,
     /// Voluntary + involuntary context switches per call (whole process).
     ctx_switches_per_call: f64,
+    /// With `--server-threads`: CPU time of the server's threads per call.
+    server_cpu_us_per_call: Option<f64>,
     /// Heap allocations per call (alloc, alloc_zeroed, realloc), client+server,
     /// the bench's own bookkeeping excluded.
     allocs_per_call: f64,
@@ -553,7 +586,7 @@ async fn drive(
 ) -> Result<(Histogram<u64>, u64), String> {
     let base = request(payload, echo);
     let expect = match STREAM.get() {
-        _ if matches!(client, Client::Remote(..)) => payload,
+        _ if matches!(client, Client::Remote(..) | Client::Fetch(_)) => payload,
         Some((_, n)) => payload * *n as usize,
         None if echo => payload,
         None => 1,
@@ -647,6 +680,7 @@ async fn run_cell(
         bytes_per_s: 0.0,
         cpu_us_per_call: 0.0,
         ctx_switches_per_call: 0.0,
+        server_cpu_us_per_call: None,
         allocs_per_call: 0.0,
         alloc_bytes_per_call: 0.0,
         rdma: None,
@@ -730,6 +764,12 @@ async fn run_cell(
             result.bytes_per_s = result.calls_per_s * per_call_bytes as f64;
             result.cpu_us_per_call = (u1.cpu_us - u0.cpu_us) / nf;
             result.ctx_switches_per_call = (u1.csw - u0.csw) as f64 / nf;
+            if args.server_threads.is_some()
+                && path != PathKind::Memory
+                && path != PathKind::DirectMemory
+            {
+                result.server_cpu_us_per_call = Some((u1.server_cpu_us - u0.server_cpu_us) / nf);
+            }
             // Minus the bench's own request building and per-call clones.
             let ours = |i: fn(&(u64, u64)) -> u64, a1: u64, a0: u64| {
                 a1.saturating_sub(a0)
@@ -739,7 +779,7 @@ async fn run_cell(
             result.alloc_bytes_per_call = ours(|x| x.1, a1.1, a0.1) as f64 / nf;
             if matches!(
                 path,
-                PathKind::Rdma | PathKind::Direct | PathKind::RemoteRead
+                PathKind::Rdma | PathKind::Direct | PathKind::RemoteRead | PathKind::UnaryFetch
             ) {
                 result.rdma = Some(rdma_delta(&rdma0, &rdma1, n));
             }
@@ -800,6 +840,9 @@ fn progress(r: &CellResult) {
         Some(e) => eprintln!("{cell}: FAILED: {e}"),
         None => {
             let mut extra = String::new();
+            if let Some(c) = r.server_cpu_us_per_call {
+                let _ = write!(extra, ", server CPU {c:.1} µs/call");
+            }
             if let Some(c) = &r.rdma {
                 let _ = write!(
                     extra,
@@ -914,7 +957,7 @@ fn render(
             }
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} µs | {:.2} | {:.1} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.1} | {} |",
                 size(payload),
                 inflight,
                 r.path.name(),
@@ -924,7 +967,10 @@ fn render(
                 lat(r.p999_us),
                 rate(r.calls_per_s),
                 bw(r.bytes_per_s),
-                r.cpu_us_per_call,
+                match r.server_cpu_us_per_call {
+                    Some(sv) => format!("{:.1} µs (server {sv:.1} µs)", r.cpu_us_per_call),
+                    None => format!("{:.1} µs", r.cpu_us_per_call),
+                },
                 r.ctx_switches_per_call,
                 r.allocs_per_call,
                 bytes(r.alloc_bytes_per_call)
@@ -1072,7 +1118,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     // `remote-read` reads a blob as large as the largest payload.
     let blobs = Blobs::default();
-    if args.paths.contains(&PathKind::RemoteRead) {
+    if args.paths.contains(&PathKind::RemoteRead) || args.paths.contains(&PathKind::UnaryFetch) {
         let largest = cells.iter().map(|c| c.0).max().unwrap_or(0);
         blobs.insert("bench", vec![0x5a; largest].into());
     }
@@ -1082,7 +1128,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .max_decoding_message_size(MAX_MSG)
                 .max_encoding_message_size(MAX_MSG),
         )
-        .add_service(BlobStoreServer::new(blobs));
+        .add_service(
+            BlobStoreServer::new(blobs)
+                .max_decoding_message_size(MAX_MSG)
+                .max_encoding_message_size(MAX_MSG),
+        );
     // The tonic-stub rows (`rdma`, `memory`) are served with the direct path
     // off, the `direct` rows by a server with it on (the default).
     let tonic_router = router.clone().direct_path(false);
@@ -1097,7 +1147,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let net = args.paths.iter().any(|p| {
         !matches!(
             p,
-            PathKind::Memory | PathKind::DirectMemory | PathKind::Direct
+            PathKind::Memory | PathKind::DirectMemory | PathKind::Direct | PathKind::UnaryFetch
         )
     });
     let announce = |s: &rpc_core::ServingHandle, what: &str| {
@@ -1110,34 +1160,52 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             }
         )
     };
+    // `--server-threads`: the TCP and RDMA server on a runtime of its own.
+    let server_rt = match args.server_threads {
+        Some(n) => Some(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(n.max(1))
+                .thread_name("bench-server")
+                .enable_all()
+                .build()?,
+        ),
+        None => None,
+    };
     let server = if net {
-        let s = tonic_router.start(args.addr).await?;
+        let s = match &server_rt {
+            Some(rt) => {
+                let (r, addr) = (tonic_router.clone(), args.addr);
+                rt.spawn(async move { r.start(addr).await }).await??
+            }
+            None => tonic_router.start(args.addr).await?,
+        };
         announce(&s, "server");
         Some(s)
     } else {
         None
     };
-    let direct_server = if args.paths.contains(&PathKind::Direct) {
-        // Beside the other one: same address, another port.
-        let s = router
-            .start(std::net::SocketAddr::new(args.addr.ip(), 0))
-            .await?;
-        announce(&s, "server (direct path)");
-        Some(s)
-    } else {
-        None
-    };
+    let direct_server =
+        if args.paths.contains(&PathKind::Direct) || args.paths.contains(&PathKind::UnaryFetch) {
+            // Beside the other one: same address, another port.
+            let s = router
+                .start(std::net::SocketAddr::new(args.addr.ip(), 0))
+                .await?;
+            announce(&s, "server (direct path)");
+            Some(s)
+        } else {
+            None
+        };
 
     let mut infos = Vec::new();
     let mut results = Vec::new();
     for &path in &args.paths {
         let serving = match path {
-            PathKind::Direct => direct_server.as_ref(),
+            PathKind::Direct | PathKind::UnaryFetch => direct_server.as_ref(),
             _ => server.as_ref(),
         };
         let addr = serving.map(|s| s.local_addr().to_string());
         let client: Result<(Client, String), String> = match path {
-            PathKind::Rdma | PathKind::Direct | PathKind::RemoteRead => {
+            PathKind::Rdma | PathKind::Direct | PathKind::RemoteRead | PathKind::UnaryFetch => {
                 let devs = rdma_transport::devices().map_err(|e| e.to_string());
                 match devs {
                     Err(e) => Err(format!("listing RDMA devices failed: {e}")),
@@ -1152,13 +1220,20 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                         let mut b = Channel::from_shared(addr.clone().unwrap().to_string())
                             .unwrap()
                             .transport(Transport::RdmaOnly)
-                            .direct_path(path == PathKind::Direct);
+                            .direct_path(matches!(path, PathKind::Direct | PathKind::UnaryFetch));
                         if let Some(c) = args.rdma_config() {
                             b = b.rdma_config(c);
                         }
                         match b.connect().await {
                             Err(e) => Err(format!("RdmaOnly connect failed: {e}")),
                             Ok(c) if path == PathKind::RemoteRead => remote_client(c).await,
+                            Ok(c) if path == PathKind::UnaryFetch => {
+                                let t = c.transport().to_string();
+                                let f = BlobStoreClient::new(c)
+                                    .max_decoding_message_size(MAX_MSG)
+                                    .max_encoding_message_size(MAX_MSG);
+                                Ok((Client::Fetch(f), format!("{t}, BlobStore.Read calls")))
+                            }
                             Ok(c) => {
                                 let t = c.transport().to_string();
                                 Ok((ours(c), t))
@@ -1247,6 +1322,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     for s in [server, direct_server].into_iter().flatten() {
         s.abort().await;
+    }
+    if let Some(rt) = server_rt {
+        rt.shutdown_background();
     }
     for m in [memory, direct_memory].into_iter().flatten() {
         let _ = tokio::time::timeout(Duration::from_secs(2), m.shutdown()).await;
