@@ -119,7 +119,23 @@ kill $srv 2>/dev/null; wait $srv 2>/dev/null
 check "demo over RDMA" bash -c "timeout 300 $BIN/demo --addr $SOFTROCE_IP:0 --calls 50 > $LOG/demo.out 2>&1; grep -E '^(server|client|  [A-Za-z]|summary)|WARN|ERROR|Error' $LOG/demo.out; grep -q '^client: transport: rdma' $LOG/demo.out"
 
 check "benchmark smoke over RDMA (no timings asserted)" \
-  timeout 300 $BIN/bench --quick --addr "$SOFTROCE_IP:0" --paths rdma,direct,tcp-fallback,tonic-tcp
+  timeout 300 $BIN/bench --quick --addr "$SOFTROCE_IP:0" --paths rdma,direct,tcp-fallback,tonic-tcp,remote-read,unary-fetch
+
+# Remote memory end to end with the example: Put (the server reads the
+# client's region), Get (the client reads the server's), Fetch (the server
+# writes the client's), every byte checked by the example, one-sided.
+blobstore() { # name ip
+  check "blobstore example: one-sided Put, Get and Fetch of 1 MiB over RDMA ($1)" bash -c "
+    timeout 120 $BIN/blobstore --addr $2:0 > $LOG/blobstore-$1.out 2>&1; rc=\$?
+    grep -vE ' INFO ' $LOG/blobstore-$1.out | tail -7
+    [ \$rc -eq 0 ] && grep -qx 'transport: rdma' $LOG/blobstore-$1.out &&
+      grep -qx 'remote memory: one-sided RDMA READ and WRITE' $LOG/blobstore-$1.out &&
+      grep -qx ok $LOG/blobstore-$1.out"
+}
+blobstore rxe "$SOFTROCE_IP"
+if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
+  blobstore siw "$SOFTROCE_SIW_IP"
+fi
 
 # The scale benchmark at a small count (the docs run goes to 2000:
 # scripts/bench-scale.sh): connections open, every call succeeds, and it

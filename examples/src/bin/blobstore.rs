@@ -74,6 +74,14 @@ async fn client(addr: std::net::SocketAddr, size: usize) -> Result<(), Box<dyn s
     println!("transport: {}", channel.transport());
     let mut store = BlobStoreClient::new(channel.clone());
     let remote = Remote::of_channel(&channel).await?;
+    println!(
+        "remote memory: {}",
+        if remote.is_one_sided() {
+            "one-sided RDMA READ and WRITE"
+        } else {
+            "through the server's RemoteMemory service"
+        }
+    );
     let blob: Bytes = (0..size)
         .map(|i| (i % 251) as u8)
         .collect::<Vec<u8>>()
