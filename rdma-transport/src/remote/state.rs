@@ -45,8 +45,9 @@ pub(crate) enum OpResult {
     /// Completed: the local buffer, still registered.
     Done(UserMr),
     /// Flushed (or never posted) because the side queue pair failed: may
-    /// be retried on a fresh one.
-    Flushed(UserMr),
+    /// be retried on a fresh one. `true`: its completion was the queue
+    /// pair's first failed one (the likely cause, §10.3).
+    Flushed(UserMr, bool),
     /// Failed for good.
     Failed(Error),
 }
@@ -284,7 +285,11 @@ impl RemoteShared {
     ) -> Result<UserMr, Error> {
         let mut local = local;
         let mut failed: Option<u64> = None;
-        for _attempt in 0..2 {
+        // Times the queue pair failed first at this operation: twice on two
+        // queue pairs means the peer's NIC refuses it (iWARP reports a
+        // refused operation by a flush, §10.3).
+        let mut first_failures = 0;
+        for _attempt in 0..3 {
             let link = self.side(failed).await?;
             let (tx, rx) = oneshot::channel();
             let op = Op {
@@ -302,9 +307,20 @@ impl RemoteShared {
             }
             match rx.await {
                 Ok(OpResult::Done(l)) => return Ok(l),
-                Ok(OpResult::Flushed(l)) => {
+                Ok(OpResult::Flushed(l, first)) => {
                     local = l;
                     failed = Some(link.gen);
+                    if first {
+                        first_failures += 1;
+                        if first_failures == 2 {
+                            return Err(Error::Remote(RemoteError::Refused {
+                                status: "the side queue pair failed at this operation twice, \
+                                         on two queue pairs (a flush: the device reports no \
+                                         remote access error)"
+                                    .into(),
+                            }));
+                        }
+                    }
                 }
                 Ok(OpResult::Failed(e)) => return Err(e),
                 // The task never drops an op without replying; should it
@@ -321,7 +337,7 @@ impl RemoteShared {
             return Err(Error::Remote(RemoteError::Closed));
         }
         Err(Error::Remote(RemoteError::Unavailable(
-            "the side queue pair failed twice under this operation".into(),
+            "the side queue pair failed three times under this operation".into(),
         )))
     }
 
