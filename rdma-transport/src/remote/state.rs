@@ -346,12 +346,23 @@ impl RemoteShared {
     /// attempt), so that the listener side's operations, which cannot open
     /// one, find one.
     pub(crate) fn reopen_later(self: &Arc<Self>) {
-        if !matches!(self.role, Role::Active { .. }) || self.is_closed() {
+        self.open_in_background(Duration::from_secs(1));
+    }
+
+    /// On the active side, without a side queue pair: opens one in the
+    /// background after `delay` (an exposure of ours is about to be used by
+    /// the listener side, which waits for one).
+    pub(crate) fn open_in_background(self: &Arc<Self>, delay: Duration) {
+        if !matches!(self.role, Role::Active { .. })
+            || self.is_closed()
+            || self.token.is_none()
+            || self.current(None).is_some()
+        {
             return;
         }
         let weak: Weak<RemoteShared> = Arc::downgrade(self);
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::time::sleep(delay).await;
             let Some(s) = weak.upgrade() else { return };
             if s.is_closed() || s.current(None).is_some() {
                 return;
