@@ -1620,4 +1620,45 @@ mod one_sided {
         .await
         .expect("timeout");
     }
+
+    /// Side requests with a token the listener never gave (guessed, or
+    /// forged) are rejected, typed, without disturbing the listener or its
+    /// connections; a real connection's one-sided access keeps working.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+    async fn side_requests_with_an_unknown_token_are_rejected() {
+        let Some(ip) = device_ip("side_requests_with_an_unknown_token_are_rejected") else {
+            return;
+        };
+        let cfg = Config::default();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let (c, s, mut l) = kept_pair(ip, &cfg).await;
+            let (a, p) = (c.remote_memory(), s.remote_memory());
+            let d = pattern(9, 4096);
+            let e = p
+                .expose(Exposable::Shared(d.clone()), RemoteAccess::Read)
+                .await
+                .unwrap();
+            assert!(a.read(&e.key(), 0, 4096).await.unwrap() == d);
+            for token in [[0u8; 12], *b"guessed-tokn", [0xff; 12]] {
+                match rdma_transport::testing::side_request(l.local_addr(), &cfg, token).await {
+                    Err(Error::Rejected {
+                        reason: Some(r), ..
+                    }) => assert_eq!(r.to_string(), "unknown side token"),
+                    r => panic!("an unknown side token: {r:?}"),
+                }
+            }
+            // Nothing was reported as a connection, and everything works.
+            assert!(
+                tokio::time::timeout(Duration::from_millis(200), l.accept())
+                    .await
+                    .is_err(),
+                "a side request is never reported by accept"
+            );
+            assert!(a.read(&e.key(), 0, 4096).await.unwrap() == d);
+            messages_flow(c, s, "messages after forged side requests").await;
+        })
+        .await
+        .expect("timeout");
+    }
 }

@@ -46,6 +46,8 @@ pub use self::halves::{InlineHandler, InlineStop, RecvHalf, SendHalf};
 pub use self::listener::Listener;
 pub use self::setup::{connect, connect_from, connect_with_ticket};
 pub(crate) use self::side::open_side;
+#[cfg(feature = "test-util")]
+pub(crate) use self::side::raw_side_request;
 // The setup steps `testing::RawPeer` takes as `connect` does.
 #[cfg(feature = "test-util")]
 pub(crate) use self::events::{next_event, CmFd};

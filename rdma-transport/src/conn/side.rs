@@ -528,3 +528,43 @@ impl SideTask {
         }
     }
 }
+
+/// A side request (§10.2) with any token and hello, from a queue pair in a
+/// PD of its own; `Ok` if the listener accepted it (then disconnected at
+/// once). Only for tests of a hostile peer (`crate::testing`).
+#[cfg(feature = "test-util")]
+pub(crate) async fn raw_side_request(
+    addr: SocketAddr,
+    cfg: &Config,
+    hello: crate::engine::wire::Hello,
+    token: SideToken,
+) -> Result<(), Error> {
+    let (chan, afd, id) = resolve(addr, None, cfg).await?;
+    let id = Arc::new(id);
+    let pd = Pd::new(id.clone())?;
+    let (_cq, qp) = side_qp(&id, &pd)?;
+    let private = hello.encode_side(&token);
+    let id2 = id.clone();
+    let (r, _qp) = tokio::task::spawn_blocking(move || (id2.connect(&private), qp))
+        .await
+        .map_err(|_| Error::Disconnected)?;
+    r?;
+    let e = tokio::time::timeout(cfg.connect_timeout, next_event(&chan, &afd))
+        .await
+        .map_err(|_| Error::Timeout { stage: "connect" })??;
+    match e.kind {
+        ev::RDMA_CM_EVENT_ESTABLISHED => {
+            let _ = id.disconnect();
+            Ok(())
+        }
+        ev::RDMA_CM_EVENT_REJECTED => Err(Error::Rejected {
+            addr,
+            status: e.status,
+            reason: RejectReason::from_private_data(&e.private_data),
+        }),
+        _ => Err(Error::Unreachable {
+            addr,
+            status: e.status,
+        }),
+    }
+}
