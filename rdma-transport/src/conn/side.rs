@@ -263,6 +263,9 @@ fn start(
         iwarp,
         failed_once: false,
     };
+    crate::stats::GLOBAL
+        .side_queue_pairs
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if !shared.install(link.clone()) {
         // Closed meanwhile: the task disconnects and frees it at once.
         tokio::spawn(task.shutdown(Ok(())));
@@ -379,8 +382,6 @@ impl SideTask {
             let first = wc.status != 0 && !self.failed_once;
             if wc.status != 0 {
                 self.failed_once = true;
-            }
-            if wc.status != 0 {
                 tracing::debug!(
                     "side queue pair {}: {} failed: {} (status {})",
                     self.gen,
@@ -395,16 +396,18 @@ impl SideTask {
             }
             let r = match wc.status {
                 0 => OpResult::Done(local),
-                WC_FLUSH_ERR => OpResult::Flushed(local, first),
-                // Once the queue pair failed, other errors are its
-                // consequence (e.g. a retry exceeded after the peer left):
-                // retried on a fresh one too.
-                _ if failing || first_err.is_some() => OpResult::Flushed(local, first),
+                // The peer's NIC refused this very operation (InfiniBand,
+                // RoCE): whenever it is polled, it is the answer.
                 WC_REM_ACCESS_ERR | WC_REM_INV_REQ_ERR => {
                     let status = Cq::status_str(wc.status);
                     first_err = Some(unavailable(format!("remote access error: {status}")));
                     OpResult::Failed(Error::Remote(RemoteError::Refused { status }))
                 }
+                WC_FLUSH_ERR => OpResult::Flushed(local, first),
+                // Once the queue pair failed, other errors are its
+                // consequence (e.g. a retry exceeded after the peer left):
+                // retried on a fresh one too.
+                _ if failing || first_err.is_some() => OpResult::Flushed(local, first),
                 s => {
                     let status = Cq::status_str(s);
                     first_err = Some(unavailable(format!("side queue pair failed: {status}")));

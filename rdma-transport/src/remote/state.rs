@@ -289,7 +289,12 @@ impl RemoteShared {
         // queue pairs means the peer's NIC refuses it (iWARP reports a
         // refused operation by a flush, §10.3).
         let mut first_failures = 0;
-        for _attempt in 0..3 {
+        for attempt in 0..3 {
+            if attempt > 0 {
+                crate::stats::GLOBAL
+                    .one_sided_retries
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             let link = self.side(failed).await?;
             let (tx, rx) = oneshot::channel();
             let op = Op {
