@@ -73,6 +73,13 @@ stats! {
     /// its device instead of registering new memory (buffer-ownership.md,
     /// "Process-wide block pool"). Process-wide only, as above.
     pool_reuses,
+    /// Side queue pairs of one-sided access established, on either side
+    /// (wire-protocol-rdma §10.2). Process-wide only, as above.
+    side_queue_pairs,
+    /// One-sided operations posted again on a fresh side queue pair after
+    /// the one they were on failed under them (wire-protocol-rdma §10.3).
+    /// Process-wide only, as above.
+    one_sided_retries,
 }
 
 pub(crate) static GLOBAL: ConnStats = ConnStats::new_const();

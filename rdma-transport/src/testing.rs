@@ -549,3 +549,31 @@ impl StalledConnect {
         }))
     }
 }
+
+/// Sends a side request (wire protocol §10.2: the connect request that
+/// opens a connection's side queue pair) to the listener at `addr` with
+/// `token`, from a queue pair of its own: `Ok` if the listener accepted it
+/// (it is then disconnected at once), else the connect error (an unknown
+/// token: [`Error::Rejected`] with the reason `unknown side token`).
+///
+/// # Errors
+///
+/// As [`crate::connect`].
+pub async fn side_request(
+    addr: SocketAddr,
+    cfg: &Config,
+    token: crate::engine::wire::SideToken,
+) -> Result<(), Error> {
+    let hello = Hello {
+        version: VERSION,
+        flags: crate::engine::wire::HELLO_FLAG_REMOTE,
+        credits: 4,
+        recv_slot_bytes: 8192,
+        rdv_count: 1,
+        rdv_bytes: 4096,
+        rdv_addr: 0,
+        rdv_rkey: 0,
+        max_message: 1 << 20,
+    };
+    crate::conn::raw_side_request(addr, cfg, hello, token).await
+}

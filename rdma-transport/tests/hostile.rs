@@ -1620,4 +1620,144 @@ mod one_sided {
         .await
         .expect("timeout");
     }
+
+    /// Side requests with a token the listener never gave (guessed, or
+    /// forged) are rejected, typed, without disturbing the listener or its
+    /// connections; a real connection's one-sided access keeps working.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+    async fn side_requests_with_an_unknown_token_are_rejected() {
+        let Some(ip) = device_ip("side_requests_with_an_unknown_token_are_rejected") else {
+            return;
+        };
+        let cfg = Config::default();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            let (c, s, mut l) = kept_pair(ip, &cfg).await;
+            let (a, p) = (c.remote_memory(), s.remote_memory());
+            let d = pattern(9, 4096);
+            let e = p
+                .expose(Exposable::Shared(d.clone()), RemoteAccess::Read)
+                .await
+                .unwrap();
+            assert!(a.read(&e.key(), 0, 4096).await.unwrap() == d);
+            for token in [[0u8; 12], *b"guessed-tokn", [0xff; 12]] {
+                match rdma_transport::testing::side_request(l.local_addr(), &cfg, token).await {
+                    Err(Error::Rejected {
+                        reason: Some(r), ..
+                    }) => assert_eq!(r.to_string(), "unknown side token"),
+                    r => panic!("an unknown side token: {r:?}"),
+                }
+            }
+            // Nothing was reported as a connection, and everything works.
+            assert!(
+                tokio::time::timeout(Duration::from_millis(200), l.accept())
+                    .await
+                    .is_err(),
+                "a side request is never reported by accept"
+            );
+            assert!(a.read(&e.key(), 0, 4096).await.unwrap() == d);
+            messages_flow(c, s, "messages after forged side requests").await;
+        })
+        .await
+        .expect("timeout");
+    }
+
+    /// Operations in flight on a side queue pair that a refused operation
+    /// takes down are retried on a fresh one, transparently: every good
+    /// READ and WRITE among them succeeds, only the bad one is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+    async fn operations_beside_a_refused_one_are_retried_transparently() {
+        let Some(ip) = device_ip("operations_beside_a_refused_one_are_retried_transparently")
+        else {
+            return;
+        };
+        let cfg = Config::default();
+        tokio::time::timeout(Duration::from_secs(120), async {
+            let (c, s, _l) = kept_pair(ip, &cfg).await;
+            let (a, p) = (c.remote_memory(), s.remote_memory());
+            let d = pattern(11, 256 << 10);
+            let good = p
+                .expose(Exposable::Shared(d.clone()), RemoteAccess::Read)
+                .await
+                .unwrap();
+            let sink = p
+                .expose(
+                    Exposable::Owned(BytesMut::zeroed(64 << 10)),
+                    RemoteAccess::Write,
+                )
+                .await
+                .unwrap();
+            let gone = p
+                .expose(Exposable::Shared(pattern(12, 4096)), RemoteAccess::Read)
+                .await
+                .unwrap();
+            let (gk, sk, bad) = (good.key(), sink.key(), gone.key());
+            drop(gone);
+            assert!(a.read(&gk, 0, 64).await.unwrap() == d.slice(..64));
+            let before = rdma_transport::global_stats();
+            for round in 0..3 {
+                let mut tasks = Vec::new();
+                for i in 0..40u64 {
+                    let ai = a.clone();
+                    tasks.push(tokio::spawn(async move {
+                        let off = (i * 5000) % ((256 << 10) - 65536);
+                        if i % 4 == 3 {
+                            let w = pattern(100 + i, 1024);
+                            ai.write(&sk, (i % 64) * 1024, w).await.map(|_| None)
+                        } else {
+                            ai.read(&gk, off, 65536).await.map(|b| Some((off, b)))
+                        }
+                    }));
+                    if i == 10 {
+                        let ab = a.clone();
+                        tasks.push(tokio::spawn(async move {
+                            let r = ab.read(&bad, 0, 4096).await;
+                            match r {
+                                Err(Error::Remote(RemoteError::Refused { .. })) => Ok(None),
+                                r => panic!("the revoked key: {r:?}"),
+                            }
+                        }));
+                    }
+                }
+                let mut ok = 0;
+                for t in tasks {
+                    match t.await.unwrap() {
+                        Ok(Some((off, b))) => {
+                            let off = off as usize;
+                            assert!(b == d.slice(off..off + 65536), "read at {off}");
+                            ok += 1;
+                        }
+                        Ok(None) => ok += 1,
+                        Err(e) => panic!("round {round}: a good operation failed: {e:?}"),
+                    }
+                }
+                assert_eq!(ok, 41, "round {round}");
+            }
+            let after = rdma_transport::global_stats();
+            let (retries, sides) = (
+                after.one_sided_retries - before.one_sided_retries,
+                after.side_queue_pairs - before.side_queue_pairs,
+            );
+            println!("3 rounds: {retries} operations retried, {sides} side queue pairs opened");
+            // Each round's refused READ took a side queue pair down (and
+            // was retried itself at least once on iWARP): the good
+            // operations in flight beside it were retried, and succeeded.
+            assert!(sides >= 3, "{sides} side queue pairs");
+            assert!(
+                retries > 3,
+                "{retries} retries: no good operation was in flight"
+            );
+            let Exposable::Owned(b) = sink.revoke() else {
+                panic!("owned")
+            };
+            for i in (3..40u64).step_by(4) {
+                let at = ((i % 64) * 1024) as usize;
+                assert!(b[at..at + 1024] == pattern(100 + i, 1024), "write {i}");
+            }
+            messages_flow(c, s, "messages after retried operations").await;
+        })
+        .await
+        .expect("timeout");
+    }
 }

@@ -1659,3 +1659,37 @@ async fn exposures_are_capped_per_connection() {
     .await
     .expect("timeout");
 }
+
+/// The usual flow: the connecting side exposes a buffer and the listener
+/// side writes it at once (no one-sided operation of the connecting side
+/// opened the side queue pair: exposing does), then reads it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn the_listener_side_writes_what_the_connecting_side_exposed() {
+    let Some(ip) = device_ip("the_listener_side_writes_what_the_connecting_side_exposed") else {
+        return;
+    };
+    let cfg = Config::default();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        let (c, s, _l) = kept_pair(ip, &cfg).await;
+        let (a, p) = (c.remote_memory(), s.remote_memory());
+        let e = a
+            .expose(
+                Exposable::Owned(BytesMut::zeroed(4096)),
+                RemoteAccess::ReadWrite,
+            )
+            .await
+            .expect("expose");
+        let data = pattern(42, 4096);
+        p.write(&e.key(), 0, data.clone())
+            .await
+            .expect("P writes first");
+        assert!(p.read(&e.key(), 0, 4096).await.expect("P reads back") == data);
+        let Exposable::Owned(b) = e.revoke() else {
+            panic!("owned")
+        };
+        assert!(b == data);
+    })
+    .await
+    .expect("timeout");
+}

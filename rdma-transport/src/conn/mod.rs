@@ -46,6 +46,8 @@ pub use self::halves::{InlineHandler, InlineStop, RecvHalf, SendHalf};
 pub use self::listener::Listener;
 pub use self::setup::{connect, connect_from, connect_with_ticket};
 pub(crate) use self::side::open_side;
+#[cfg(feature = "test-util")]
+pub(crate) use self::side::raw_side_request;
 // The setup steps `testing::RawPeer` takes as `connect` does.
 #[cfg(feature = "test-util")]
 pub(crate) use self::events::{next_event, CmFd};
@@ -65,9 +67,12 @@ pub struct Connection {
 impl Connection {
     /// One-sided access on this connection (both sides, wire protocol
     /// §10): expose memory to the peer, read and write what it exposed.
-    /// Call before [`Connection::split`]; the handle is cheap to clone and
-    /// outlives neither the connection's use (once the connection closes,
-    /// operations fail with `RemoteError::Closed`).
+    /// Call before [`Connection::split`]; the handle is cheap to clone.
+    /// Once the connection closes, operations fail with
+    /// [`RemoteError::Closed`](crate::RemoteError::Closed). The one-sided
+    /// operations run on a side queue pair that the connecting side opens
+    /// through the same [`Listener`]: on the accepting side, keep the
+    /// listener while the connection uses one-sided access.
     pub fn remote_memory(&self) -> RemoteMemory {
         RemoteMemory {
             inner: self.remote.clone(),

@@ -27,7 +27,7 @@ use super::setup::resolve;
 use crate::config::Config;
 use crate::engine::wire::SideToken;
 use crate::error::{Error, RejectReason, RemoteError};
-use crate::mem::SideQp;
+use crate::mem::{PostFail, SideQp, FENCED_WRITE};
 use crate::remote::{Op, OpResult, RemoteShared, SideLink};
 use crate::verbs::cm::{CmId, EventChannel};
 use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps, Wc};
@@ -90,14 +90,15 @@ fn unavailable(why: impl Into<String>) -> Error {
 /// The CQ and QP of a side queue pair on `id`, in the exposure PD `pd`.
 fn side_qp(id: &Arc<CmId>, pd: &Arc<Pd>) -> Result<(Arc<Cq>, Qp), Error> {
     let comp = CompChannel::new(id.clone())?;
-    let cq = Cq::new(id, comp, (SIDE_DEPTH + 16) as i32)?;
+    let cq = Cq::new(id, comp, (2 * SIDE_DEPTH + 16) as i32)?;
     let qp = Qp::new(
         id.clone(),
         pd.clone(),
         cq.clone(),
         cq.clone(),
         QpCaps {
-            send_wr: SIDE_DEPTH,
+            // Two work requests per fenced WRITE (iWARP).
+            send_wr: 2 * SIDE_DEPTH,
             // No receive is ever posted; some providers want a queue.
             recv_wr: 1,
             inline: 0,
@@ -238,6 +239,7 @@ fn start(
     cq: Arc<Cq>,
     qp: Qp,
 ) -> Result<SideLink, Error> {
+    let iwarp = id.is_iwarp();
     let cq_afd = async_fd(cq.clone())?;
     let (tx, rx) = mpsc::unbounded_channel();
     let link = SideLink {
@@ -258,7 +260,12 @@ fn start(
         closed: shared.closed_watch(),
         gen: link.gen,
         wcs: Vec::with_capacity(32),
+        iwarp,
+        failed_once: false,
     };
+    crate::stats::GLOBAL
+        .side_queue_pairs
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if !shared.install(link.clone()) {
         // Closed meanwhile: the task disconnects and frees it at once.
         tokio::spawn(task.shutdown(Ok(())));
@@ -291,6 +298,10 @@ struct SideTask {
     closed: watch::Receiver<bool>,
     gen: u64,
     wcs: Vec<Wc>,
+    /// iWARP: WRITEs are fenced (`SideQp::post`).
+    iwarp: bool,
+    /// A completion of this queue pair failed already.
+    failed_once: bool,
 }
 
 impl SideTask {
@@ -318,17 +329,31 @@ impl SideTask {
                 self.waiting.push_front(op);
                 return Err(unavailable("the side queue pair is gone"));
             };
-            match sq.post(wr_id, op.read, op.local, op.remote_addr, op.rkey) {
+            match sq.post(
+                wr_id,
+                op.read,
+                self.iwarp,
+                op.local,
+                op.remote_addr,
+                op.rkey,
+            ) {
                 Ok(()) => {
                     self.inflight.insert(wr_id, Posted { reply: op.reply });
                 }
-                Err(b) => {
-                    let (local, e) = *b;
-                    // Not posted: the QP failed (or refused the request);
-                    // the operation goes back for a retry elsewhere.
-                    self.waiting.push_front(Op { local, ..op });
-                    return Err(e);
-                }
+                Err(b) => match *b {
+                    PostFail::NotPosted(local, e) => {
+                        // Not posted: the QP failed (or refused the
+                        // request); the operation goes back for a retry.
+                        self.waiting.push_front(Op { local, ..op });
+                        return Err(e);
+                    }
+                    PostFail::Posted(e) => {
+                        // Posted without its fence: answered when the QP's
+                        // flush (or destruction) gives its buffer back.
+                        self.inflight.insert(wr_id, Posted { reply: op.reply });
+                        return Err(e);
+                    }
+                },
             }
         }
         Ok(())
@@ -339,24 +364,50 @@ impl SideTask {
     fn complete(&mut self, failing: bool) -> Result<(), Error> {
         let mut first_err = None;
         for i in 0..self.wcs.len() {
-            let wc = self.wcs[i];
+            let mut wc = self.wcs[i];
+            if wc.wr_id & FENCED_WRITE != 0 {
+                if wc.status == 0 {
+                    // The operation completes with its fence READ.
+                    continue;
+                }
+                wc.wr_id &= !FENCED_WRITE;
+            }
             let local = self.sq.as_mut().and_then(|sq| sq.complete(wc.wr_id));
             let Some(p) = self.inflight.remove(&wc.wr_id) else {
                 continue;
             };
             let Some(local) = local else { continue };
+            // The first failed completion of this queue pair: the likely
+            // cause of its failure (§10.3).
+            let first = wc.status != 0 && !self.failed_once;
+            if wc.status != 0 {
+                self.failed_once = true;
+                tracing::debug!(
+                    "side queue pair {}: {} failed: {} (status {})",
+                    self.gen,
+                    if local.is_read_destination() {
+                        "READ"
+                    } else {
+                        "WRITE"
+                    },
+                    Cq::status_str(wc.status),
+                    wc.status
+                );
+            }
             let r = match wc.status {
                 0 => OpResult::Done(local),
-                WC_FLUSH_ERR => OpResult::Flushed(local),
-                // Once the queue pair failed, other errors are its
-                // consequence (e.g. a retry exceeded after the peer left):
-                // retried on a fresh one too.
-                _ if failing || first_err.is_some() => OpResult::Flushed(local),
+                // The peer's NIC refused this very operation (InfiniBand,
+                // RoCE): whenever it is polled, it is the answer.
                 WC_REM_ACCESS_ERR | WC_REM_INV_REQ_ERR => {
                     let status = Cq::status_str(wc.status);
                     first_err = Some(unavailable(format!("remote access error: {status}")));
                     OpResult::Failed(Error::Remote(RemoteError::Refused { status }))
                 }
+                WC_FLUSH_ERR => OpResult::Flushed(local, first),
+                // Once the queue pair failed, other errors are its
+                // consequence (e.g. a retry exceeded after the peer left):
+                // retried on a fresh one too.
+                _ if failing || first_err.is_some() => OpResult::Flushed(local, first),
                 s => {
                     let status = Cq::status_str(s);
                     first_err = Some(unavailable(format!("side queue pair failed: {status}")));
@@ -433,7 +484,7 @@ impl SideTask {
             s.side_failed(self.gen);
         }
         if let Err(e) = &why {
-            tracing::debug!("rdma side queue pair ends: {e}");
+            tracing::debug!("rdma side queue pair {} ends: {e}", self.gen);
         }
         // From here no operation can be queued: what is queued is answered.
         self.rx.close();
@@ -444,7 +495,7 @@ impl SideTask {
         if let Some(sq) = &self.sq {
             let _ = sq.to_error();
         }
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         while self.sq.as_ref().is_some_and(|sq| sq.outstanding() > 0)
             && tokio::time::Instant::now() < deadline
         {
@@ -456,14 +507,21 @@ impl SideTask {
         }
         // The QP goes before any buffer still posted (now safe to free).
         if let Some(sq) = self.sq.take() {
-            for (wr_id, local) in sq.destroy() {
+            let mut left = sq.destroy();
+            // Posting order. Without any failed completion (siw ends a
+            // queue pair the peer terminated without flushing it), the
+            // oldest operation still posted is the likely cause.
+            left.sort_by_key(|(wr_id, _)| *wr_id);
+            for (wr_id, local) in left {
                 if let Some(p) = self.inflight.remove(&wr_id) {
-                    let _ = p.reply.send(OpResult::Flushed(local));
+                    let first = !self.failed_once;
+                    self.failed_once = true;
+                    let _ = p.reply.send(OpResult::Flushed(local, first));
                 }
             }
         }
         for op in self.waiting.drain(..) {
-            let _ = op.reply.send(OpResult::Flushed(op.local));
+            let _ = op.reply.send(OpResult::Flushed(op.local, false));
         }
         let _ = self.cq.consume_events();
         if why.is_err() {
@@ -471,5 +529,45 @@ impl SideTask {
                 s.reopen_later();
             }
         }
+    }
+}
+
+/// A side request (§10.2) with any token and hello, from a queue pair in a
+/// PD of its own; `Ok` if the listener accepted it (then disconnected at
+/// once). Only for tests of a hostile peer (`crate::testing`).
+#[cfg(feature = "test-util")]
+pub(crate) async fn raw_side_request(
+    addr: SocketAddr,
+    cfg: &Config,
+    hello: crate::engine::wire::Hello,
+    token: SideToken,
+) -> Result<(), Error> {
+    let (chan, afd, id) = resolve(addr, None, cfg).await?;
+    let id = Arc::new(id);
+    let pd = Pd::new(id.clone())?;
+    let (_cq, qp) = side_qp(&id, &pd)?;
+    let private = hello.encode_side(&token);
+    let id2 = id.clone();
+    let (r, _qp) = tokio::task::spawn_blocking(move || (id2.connect(&private), qp))
+        .await
+        .map_err(|_| Error::Disconnected)?;
+    r?;
+    let e = tokio::time::timeout(cfg.connect_timeout, next_event(&chan, &afd))
+        .await
+        .map_err(|_| Error::Timeout { stage: "connect" })??;
+    match e.kind {
+        ev::RDMA_CM_EVENT_ESTABLISHED => {
+            let _ = id.disconnect();
+            Ok(())
+        }
+        ev::RDMA_CM_EVENT_REJECTED => Err(Error::Rejected {
+            addr,
+            status: e.status,
+            reason: RejectReason::from_private_data(&e.private_data),
+        }),
+        _ => Err(Error::Unreachable {
+            addr,
+            status: e.status,
+        }),
     }
 }

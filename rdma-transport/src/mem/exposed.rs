@@ -139,6 +139,11 @@ impl UserMr {
         self.len
     }
 
+    /// Whether this is a READ's destination.
+    pub(crate) fn is_read_destination(&self) -> bool {
+        self.how == MrUse::ReadDestination
+    }
+
     pub(crate) fn rkey(&self) -> u32 {
         // SAFETY: mr is live while self exists (deregistered only by
         // `deregister`, after which `buf` is None and no accessor runs);
@@ -212,6 +217,20 @@ pub(crate) fn read_destination(len: usize) -> Exposable {
     Exposable::Owned(BytesMut::zeroed(len))
 }
 
+/// The bit of a fenced WRITE's work request id ([`SideQp::post`]): its
+/// successful completion is not the operation's (the fence READ's is).
+pub(crate) const FENCED_WRITE: u64 = 1 << 63;
+
+/// Why [`SideQp::post`] failed.
+pub(crate) enum PostFail {
+    /// Nothing was posted: the buffer, and why.
+    NotPosted(UserMr, Error),
+    /// The WRITE was posted but its fence could not be: the buffer stays
+    /// posted (its completion, or the QP's destruction, ends it) and the
+    /// QP was moved to the error state.
+    Posted(Error),
+}
+
 /// The side queue pair of a connection (wire protocol §10.2) and every
 /// buffer posted on it: a posted [`UserMr`] stays here until
 /// [`SideQp::complete`] is called for its polled completion, or the QP is
@@ -235,21 +254,29 @@ impl SideQp {
     /// [`MrUse::WriteSource`]) of all of `local`, to `[remote_addr,
     /// +local.len())` with `rkey`; `local` stays here until `wr_id`
     /// completes. On failure it is given back.
+    ///
+    /// With `fence` (a WRITE on iWARP, where a WRITE completes once sent,
+    /// before the peer checked it, §10.3) the WRITE is posted with
+    /// `wr_id | `[`FENCED_WRITE`] and followed by a zero-length READ at the
+    /// same place with `wr_id`: the peer answers it only after it placed
+    /// the WRITE, so its completion is the WRITE's, and a WRITE the peer
+    /// refused fails it.
     pub(crate) fn post(
         &mut self,
         wr_id: u64,
         read: bool,
+        fence: bool,
         local: UserMr,
         remote_addr: u64,
         rkey: u32,
-    ) -> Result<(), Box<(UserMr, Error)>> {
+    ) -> Result<(), Box<PostFail>> {
         let want = if read {
             MrUse::ReadDestination
         } else {
             MrUse::WriteSource
         };
-        if local.how != want || self.posted.contains_key(&wr_id) {
-            return Err(Box::new((
+        if local.how != want || self.posted.contains_key(&wr_id) || wr_id & FENCED_WRITE != 0 {
+            return Err(Box::new(PostFail::NotPosted(
                 local,
                 Error::Remote(RemoteError::Unavailable(
                     "internal: a buffer of the wrong kind or a reused work request id".into(),
@@ -261,10 +288,14 @@ impl SideQp {
                 len: local.len as u64,
                 max: u32::MAX.into(),
             });
-            return Err(Box::new((local, e)));
+            return Err(Box::new(PostFail::NotPosted(local, e)));
         };
         let d = OneSidedDesc {
-            wr_id,
+            wr_id: if fence && !read {
+                wr_id | FENCED_WRITE
+            } else {
+                wr_id
+            },
             read,
             addr: local.addr,
             len,
@@ -275,16 +306,35 @@ impl SideQp {
         // SAFETY: `local` is registered on the exposure PD, which is this
         // QP's PD (both made from it by the caller), with local write for a
         // READ (checked above: `how`); it moves into `posted` right after a
-        // successful post and leaves only by `complete` (its completion was
-        // polled) or after the QP is destroyed; the CPU never touches a
-        // UserMr's buffer while it is registered.
-        match unsafe { self.qp.post_one_sided(&d) } {
-            Ok(()) => {
-                self.posted.insert(wr_id, local);
-                Ok(())
-            }
-            Err(e) => Err(Box::new((local, e))),
+        // successful post and leaves only by `complete` (the completion of
+        // its last work request, `wr_id`, was polled: send queue order
+        // means the fenced WRITE before it completed too) or after the QP
+        // is destroyed; the CPU never touches a UserMr's buffer while it is
+        // registered.
+        if let Err(e) = unsafe { self.qp.post_one_sided(&d) } {
+            return Err(Box::new(PostFail::NotPosted(local, e)));
         }
+        if fence && !read {
+            let f = OneSidedDesc {
+                wr_id,
+                read: true,
+                len: 0,
+                ..d
+            };
+            // SAFETY: a zero-length READ: the NIC writes none of `local`
+            // (its lkey only names the registration); `local` is kept as
+            // above.
+            if let Err(e) = unsafe { self.qp.post_one_sided(&f) } {
+                // The WRITE is posted: its buffer stays until its
+                // completion is polled or the QP is destroyed, whatever the
+                // caller does; the QP cannot be trusted any more.
+                self.posted.insert(wr_id, local);
+                let _ = self.qp.to_error();
+                return Err(Box::new(PostFail::Posted(e)));
+            }
+        }
+        self.posted.insert(wr_id, local);
+        Ok(())
     }
 
     /// The buffer of `wr_id`, whose completion was just polled.

@@ -30,7 +30,7 @@ use std::sync::atomic::AtomicUsize;
 
 pub(crate) use self::conn_memory::{ConnMemory, PoolSizes};
 pub(crate) use self::device_pool::DevicePool;
-pub(crate) use self::exposed::{read_destination, MrUse, SideQp, UserMr};
+pub(crate) use self::exposed::{read_destination, MrUse, PostFail, SideQp, UserMr, FENCED_WRITE};
 pub(crate) use self::recv_pool::RecvPool;
 
 /// Process-wide registered bytes (checked against `Config::global_max_registered_bytes`).

@@ -210,7 +210,8 @@ impl RemoteMemory {
     /// Registers `buf` so that the peer of this connection (only) can reach
     /// it with `access`, in this connection's own protection domain (§10.1):
     /// its key works on no other connection, for no other range or access.
-    /// Works before the peer opened the side queue pair; no message is sent.
+    /// No message is sent; on the connecting side, the side queue pair is
+    /// opened in the background if there is none yet (the peer needs it).
     ///
     /// # Errors
     ///
@@ -239,6 +240,9 @@ impl RemoteMemory {
             MrUse::Exposed(access),
             s.cfg.global_max_registered_bytes,
         )?;
+        // §10.2: the listener side will use it through a side queue pair,
+        // which only this side can open.
+        s.open_in_background(std::time::Duration::ZERO);
         let key = RegionKey {
             addr: mr.addr(),
             len: mr.len() as u64,
@@ -456,6 +460,15 @@ mod tests {
         })
         .to_string()
         .contains("revoked"));
+    }
+
+    #[test]
+    fn handles_cross_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<RemoteMemory>();
+        send::<Exposure>();
+        send::<Exposable>();
     }
 
     #[test]

@@ -45,8 +45,9 @@ pub(crate) enum OpResult {
     /// Completed: the local buffer, still registered.
     Done(UserMr),
     /// Flushed (or never posted) because the side queue pair failed: may
-    /// be retried on a fresh one.
-    Flushed(UserMr),
+    /// be retried on a fresh one. `true`: its completion was the queue
+    /// pair's first failed one (the likely cause, §10.3).
+    Flushed(UserMr, bool),
     /// Failed for good.
     Failed(Error),
 }
@@ -284,7 +285,16 @@ impl RemoteShared {
     ) -> Result<UserMr, Error> {
         let mut local = local;
         let mut failed: Option<u64> = None;
-        for _attempt in 0..2 {
+        // Times the queue pair failed first at this operation: twice on two
+        // queue pairs means the peer's NIC refuses it (iWARP reports a
+        // refused operation by a flush, §10.3).
+        let mut first_failures = 0;
+        for attempt in 0..3 {
+            if attempt > 0 {
+                crate::stats::GLOBAL
+                    .one_sided_retries
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             let link = self.side(failed).await?;
             let (tx, rx) = oneshot::channel();
             let op = Op {
@@ -302,9 +312,20 @@ impl RemoteShared {
             }
             match rx.await {
                 Ok(OpResult::Done(l)) => return Ok(l),
-                Ok(OpResult::Flushed(l)) => {
+                Ok(OpResult::Flushed(l, first)) => {
                     local = l;
                     failed = Some(link.gen);
+                    if first {
+                        first_failures += 1;
+                        if first_failures == 2 {
+                            return Err(Error::Remote(RemoteError::Refused {
+                                status: "the side queue pair failed at this operation twice, \
+                                         on two queue pairs (a flush: the device reports no \
+                                         remote access error)"
+                                    .into(),
+                            }));
+                        }
+                    }
                 }
                 Ok(OpResult::Failed(e)) => return Err(e),
                 // The task never drops an op without replying; should it
@@ -321,7 +342,7 @@ impl RemoteShared {
             return Err(Error::Remote(RemoteError::Closed));
         }
         Err(Error::Remote(RemoteError::Unavailable(
-            "the side queue pair failed twice under this operation".into(),
+            "the side queue pair failed three times under this operation".into(),
         )))
     }
 
@@ -330,12 +351,23 @@ impl RemoteShared {
     /// attempt), so that the listener side's operations, which cannot open
     /// one, find one.
     pub(crate) fn reopen_later(self: &Arc<Self>) {
-        if !matches!(self.role, Role::Active { .. }) || self.is_closed() {
+        self.open_in_background(Duration::from_secs(1));
+    }
+
+    /// On the active side, without a side queue pair: opens one in the
+    /// background after `delay` (an exposure of ours is about to be used by
+    /// the listener side, which waits for one).
+    pub(crate) fn open_in_background(self: &Arc<Self>, delay: Duration) {
+        if !matches!(self.role, Role::Active { .. })
+            || self.is_closed()
+            || self.token.is_none()
+            || self.current(None).is_some()
+        {
             return;
         }
         let weak: Weak<RemoteShared> = Arc::downgrade(self);
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::time::sleep(delay).await;
             let Some(s) = weak.upgrade() else { return };
             if s.is_closed() || s.current(None).is_some() {
                 return;
