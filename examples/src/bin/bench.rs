@@ -1187,9 +1187,14 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let direct_server =
         if args.paths.contains(&PathKind::Direct) || args.paths.contains(&PathKind::UnaryFetch) {
             // Beside the other one: same address, another port.
-            let s = router
-                .start(std::net::SocketAddr::new(args.addr.ip(), 0))
-                .await?;
+            let addr = std::net::SocketAddr::new(args.addr.ip(), 0);
+            let s = match &server_rt {
+                Some(rt) => {
+                    let r = router.clone();
+                    rt.spawn(async move { r.start(addr).await }).await??
+                }
+                None => router.clone().start(addr).await?,
+            };
             announce(&s, "server (direct path)");
             Some(s)
         } else {
