@@ -438,6 +438,64 @@ mod tests {
             .unwrap();
     }
 
+    proptest::proptest! {
+        /// Any descriptor and range a peer sends: an error, or exactly the
+        /// bytes asked for from the region its number and token name on its
+        /// connection, within the region's stored length;
+        /// writes land only inside the region; never a panic.
+        #[test]
+        fn hostile_descriptors_reach_only_their_own_region(
+            ops in proptest::collection::vec(
+                (0u8..4, proptest::prelude::any::<u64>(), 0u64..80, 0u64..80,
+                 proptest::prelude::any::<bool>(), proptest::prelude::any::<bool>()),
+                1..64,
+            )
+        ) {
+            let t = Table::new(1 << 20, 1 << 20);
+            let mine = t
+                .insert(A, Side::Server, Access::ReadWrite, BytesMut::zeroed(64).into())
+                .unwrap();
+            let other = t
+                .insert(B, Side::Server, Access::ReadWrite, BytesMut::zeroed(32).into())
+                .unwrap();
+            let mut model = vec![0u8; 64];
+            for (op, salt, offset, len, forge_token, forge_len) in ops {
+                let mut r = if salt % 5 == 0 { other } else { mine };
+                if forge_token {
+                    r.token ^= salt | 1;
+                }
+                if forge_len {
+                    r.length = salt;
+                }
+                // A forged length reaches nothing more: the stored one counts.
+                let genuine = r.id == mine.id && r.token == mine.token;
+                match op {
+                    0 | 1 => match t.read(A, &r, offset, len) {
+                        Ok(b) => {
+                            proptest::prop_assert!(genuine);
+                            proptest::prop_assert_eq!(&b[..], &model[offset as usize..(offset + len) as usize]);
+                        }
+                        Err(_) => proptest::prop_assert!(!genuine || offset + len > 64),
+                    },
+                    _ => {
+                        let data = vec![(salt >> 8) as u8; len as usize];
+                        match t.write(A, &r, offset, &data) {
+                            Ok(()) => {
+                                proptest::prop_assert!(genuine);
+                                model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+                            }
+                            Err(_) => proptest::prop_assert!(!genuine || offset + len > 64),
+                        }
+                    }
+                }
+            }
+            let back = t.remove(A, &mine).unwrap().into_bytes();
+            proptest::prop_assert_eq!(&back[..], &model[..]);
+            let theirs = t.remove(B, &other).unwrap().into_bytes();
+            proptest::prop_assert!(theirs.iter().all(|b| *b == 0), "another connection's region untouched");
+        }
+    }
+
     #[test]
     fn a_client_s_regions_go_with_its_connection() {
         let t = Table::new(1 << 20, 1 << 20);
