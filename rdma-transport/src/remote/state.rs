@@ -132,6 +132,12 @@ impl RemoteShared {
         *self.closed.borrow()
     }
 
+    /// The side queue pair in use, watched: a side task whose generation
+    /// is no longer the one in use stops (a newer one replaced it).
+    pub(crate) fn side_watch(&self) -> watch::Receiver<Option<SideLink>> {
+        self.side.subscribe()
+    }
+
     pub(crate) fn closed_watch(&self) -> watch::Receiver<bool> {
         self.closed.subscribe()
     }
