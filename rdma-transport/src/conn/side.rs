@@ -36,6 +36,19 @@ use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps, Wc};
 /// its task's queue.
 pub(crate) const SIDE_DEPTH: u32 = 64;
 
+/// RDMA READs outstanding at a time each way on a side queue pair of
+/// `id` (lowered by librdmacm to what both devices allow). One on iWARP:
+/// with several, siw answered a refused READ's TERMINATE ahead of the
+/// answers to older READs, which then failed too, and the oldest
+/// operation not completed was no longer the refused one (§10.3).
+fn read_depth(id: &CmId) -> u8 {
+    if id.is_iwarp() {
+        1
+    } else {
+        16
+    }
+}
+
 /// IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR.
 const WC_REM_INV_REQ_ERR: u32 = 9;
 const WC_REM_ACCESS_ERR: u32 = 10;
@@ -164,7 +177,8 @@ async fn open_once(
     // rdma_connect blocks on iWARP (§9): on the blocking pool, with the QP
     // travelling along so that it is freed only after the call returned.
     let id2 = id.clone();
-    let (r, qp) = tokio::task::spawn_blocking(move || (id2.connect(&private), qp))
+    let depth = read_depth(&id);
+    let (r, qp) = tokio::task::spawn_blocking(move || (id2.connect_reads(&private, depth), qp))
         .await
         .map_err(|_| unavailable("the side connect's thread failed"))?;
     r?;
@@ -220,7 +234,7 @@ pub(crate) async fn accept_side(
             return Err(e);
         }
     };
-    id.accept(&shared.hello.encode())?;
+    id.accept_reads(&shared.hello.encode(), read_depth(&id))?;
     let e = tokio::time::timeout(shared.cfg.connect_timeout, next_event(&chan, &afd))
         .await
         .map_err(|_| Error::Timeout { stage: "accept" })??;
