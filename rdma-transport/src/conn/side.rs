@@ -27,7 +27,7 @@ use super::setup::resolve;
 use crate::config::Config;
 use crate::engine::wire::SideToken;
 use crate::error::{Error, RejectReason, RemoteError};
-use crate::mem::{PostFail, SideQp, UserMr, FENCED_WRITE};
+use crate::mem::{read_destination, MrUse, PostFail, SideQp, UserMr, FENCED_WRITE};
 use crate::remote::{Op, OpResult, RemoteShared, SideLink};
 use crate::verbs::cm::{CmId, EventChannel};
 use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps, Wc};
@@ -258,6 +258,12 @@ fn start(
     qp: Qp,
 ) -> Result<SideLink, Error> {
     let iwarp = id.is_iwarp();
+    let scratch = UserMr::new(
+        &shared.pd()?,
+        read_destination(64),
+        MrUse::ReadDestination,
+        shared.cfg.global_max_registered_bytes,
+    )?;
     let cq_afd = async_fd(cq.clone())?;
     let (tx, rx) = mpsc::unbounded_channel();
     let link = SideLink {
@@ -265,7 +271,7 @@ fn start(
         gen: shared.next_gen(),
     };
     let task = SideTask {
-        sq: Some(SideQp::new(qp)),
+        sq: Some(SideQp::new(qp, scratch)),
         inflight: HashMap::new(),
         waiting: VecDeque::new(),
         rx,
