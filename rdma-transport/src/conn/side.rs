@@ -27,7 +27,7 @@ use super::setup::resolve;
 use crate::config::Config;
 use crate::engine::wire::SideToken;
 use crate::error::{Error, RejectReason, RemoteError};
-use crate::mem::{PostFail, SideQp, FENCED_WRITE};
+use crate::mem::{read_destination, MrUse, PostFail, SideQp, UserMr, FENCED_WRITE};
 use crate::remote::{Op, OpResult, RemoteShared, SideLink};
 use crate::verbs::cm::{CmId, EventChannel};
 use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps, Wc};
@@ -36,10 +36,27 @@ use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps, Wc};
 /// its task's queue.
 pub(crate) const SIDE_DEPTH: u32 = 64;
 
-/// IBV_WC_WR_FLUSH_ERR, IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR.
-const WC_FLUSH_ERR: u32 = 5;
+/// RDMA READs outstanding at a time each way on a side queue pair of
+/// `id` (lowered by librdmacm to what both devices allow). One on iWARP:
+/// with several, siw answered a refused READ's TERMINATE ahead of the
+/// answers to older READs, which then failed too, and the oldest
+/// operation not completed was no longer the refused one (§10.3).
+fn read_depth(id: &CmId) -> u8 {
+    if id.is_iwarp() {
+        1
+    } else {
+        16
+    }
+}
+
+/// IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR.
 const WC_REM_INV_REQ_ERR: u32 = 9;
 const WC_REM_ACCESS_ERR: u32 = 10;
+/// Statuses of an operation the queue pair failed under (`ibv_wc_status`:
+/// LOC_QP_OP_ERR, WR_FLUSH_ERR, REM_OP_ERR, RETRY_EXC_ERR,
+/// RNR_RETRY_EXC_ERR, REM_ABORT_ERR, FATAL_ERR, RESP_TIMEOUT_ERR,
+/// GENERAL_ERR): siw reports a refused operation with some of them.
+const RETRYABLE: [u32; 9] = [2, 5, 11, 12, 13, 16, 19, 20, 21];
 
 /// Times a side connect retries with a fresh cm_id when iWARP finds its
 /// local port taken (as `connect` does, §9).
@@ -160,7 +177,8 @@ async fn open_once(
     // rdma_connect blocks on iWARP (§9): on the blocking pool, with the QP
     // travelling along so that it is freed only after the call returned.
     let id2 = id.clone();
-    let (r, qp) = tokio::task::spawn_blocking(move || (id2.connect(&private), qp))
+    let depth = read_depth(&id);
+    let (r, qp) = tokio::task::spawn_blocking(move || (id2.connect_reads(&private, depth), qp))
         .await
         .map_err(|_| unavailable("the side connect's thread failed"))?;
     r?;
@@ -216,7 +234,7 @@ pub(crate) async fn accept_side(
             return Err(e);
         }
     };
-    id.accept(&shared.hello.encode())?;
+    id.accept_reads(&shared.hello.encode(), read_depth(&id))?;
     let e = tokio::time::timeout(shared.cfg.connect_timeout, next_event(&chan, &afd))
         .await
         .map_err(|_| Error::Timeout { stage: "accept" })??;
@@ -240,6 +258,12 @@ fn start(
     qp: Qp,
 ) -> Result<SideLink, Error> {
     let iwarp = id.is_iwarp();
+    let scratch = UserMr::new(
+        &shared.pd()?,
+        read_destination(64),
+        MrUse::ReadDestination,
+        shared.cfg.global_max_registered_bytes,
+    )?;
     let cq_afd = async_fd(cq.clone())?;
     let (tx, rx) = mpsc::unbounded_channel();
     let link = SideLink {
@@ -247,7 +271,7 @@ fn start(
         gen: shared.next_gen(),
     };
     let task = SideTask {
-        sq: Some(SideQp::new(qp)),
+        sq: Some(SideQp::new(qp, scratch)),
         inflight: HashMap::new(),
         waiting: VecDeque::new(),
         rx,
@@ -258,10 +282,12 @@ fn start(
         chan,
         shared: Arc::downgrade(shared),
         closed: shared.closed_watch(),
+        in_use: shared.side_watch(),
         gen: link.gen,
         wcs: Vec::with_capacity(32),
         iwarp,
-        failed_once: false,
+        cause_known: false,
+        failed: Vec::new(),
     };
     crate::stats::GLOBAL
         .side_queue_pairs
@@ -296,12 +322,20 @@ struct SideTask {
     chan: Arc<EventChannel>,
     shared: Weak<RemoteShared>,
     closed: watch::Receiver<bool>,
+    /// The side queue pair in use: when it is no longer this one (the
+    /// active side opened another), this one stops, so a peer cannot make
+    /// the listener side keep more than one per connection.
+    in_use: watch::Receiver<Option<SideLink>>,
     gen: u64,
     wcs: Vec<Wc>,
     /// iWARP: WRITEs are fenced (`SideQp::post`).
     iwarp: bool,
-    /// A completion of this queue pair failed already.
-    failed_once: bool,
+    /// Why the queue pair failed is known (a status named the operation,
+    /// or it was closed or replaced): no flushed operation is suspected.
+    cause_known: bool,
+    /// Operations that failed because the queue pair failed, answered at
+    /// the shutdown.
+    failed: Vec<(u64, UserMr, Posted)>,
 }
 
 impl SideTask {
@@ -359,10 +393,12 @@ impl SideTask {
         Ok(())
     }
 
-    /// Handles polled completions; `Err` at the first failed one (after
-    /// answering it): the queue pair is in the error state.
-    fn complete(&mut self, failing: bool) -> Result<(), Error> {
-        let mut first_err = None;
+    /// Handles polled completions; `Err` after a failed one: the queue
+    /// pair is in the error state. A completed operation is answered at
+    /// once; one that failed because the queue pair failed is kept in
+    /// `failed` until the shutdown, which decides which one caused it.
+    fn complete(&mut self) -> Result<(), Error> {
+        let mut err = None;
         for i in 0..self.wcs.len() {
             let mut wc = self.wcs[i];
             if wc.wr_id & FENCED_WRITE != 0 {
@@ -377,60 +413,52 @@ impl SideTask {
                 continue;
             };
             let Some(local) = local else { continue };
-            // The first failed completion of this queue pair: the likely
-            // cause of its failure (§10.3).
-            let first = wc.status != 0 && !self.failed_once;
-            if wc.status != 0 {
-                self.failed_once = true;
-                tracing::debug!(
-                    "side queue pair {}: {} failed: {} (status {})",
-                    self.gen,
-                    if local.is_read_destination() {
-                        "READ"
-                    } else {
-                        "WRITE"
-                    },
-                    Cq::status_str(wc.status),
-                    wc.status
-                );
+            if wc.status == 0 {
+                let _ = p.reply.send(OpResult::Done(local));
+                continue;
             }
-            let r = match wc.status {
-                0 => OpResult::Done(local),
+            let status = Cq::status_str(wc.status);
+            tracing::debug!(
+                "side queue pair {}: {} failed: {status} (status {})",
+                self.gen,
+                if local.is_read_destination() {
+                    "READ"
+                } else {
+                    "WRITE"
+                },
+                wc.status
+            );
+            err = Some(unavailable(format!("side queue pair failed: {status}")));
+            match wc.status {
                 // The peer's NIC refused this very operation (InfiniBand,
-                // RoCE): whenever it is polled, it is the answer.
+                // RoCE): the cause is known.
                 WC_REM_ACCESS_ERR | WC_REM_INV_REQ_ERR => {
-                    let status = Cq::status_str(wc.status);
-                    first_err = Some(unavailable(format!("remote access error: {status}")));
-                    OpResult::Failed(Error::Remote(RemoteError::Refused { status }))
+                    self.cause_known = true;
+                    let e = Error::Remote(RemoteError::Refused { status });
+                    let _ = p.reply.send(OpResult::Failed(e));
                 }
-                WC_FLUSH_ERR => OpResult::Flushed(local, first),
-                // Once the queue pair failed, other errors are its
-                // consequence (e.g. a retry exceeded after the peer left):
-                // retried on a fresh one too.
-                _ if failing || first_err.is_some() => OpResult::Flushed(local, first),
+                // The queue pair failed under it (flushed, terminated, the
+                // peer gone): retried, unless it turns out to be the cause.
+                s if RETRYABLE.contains(&s) => self.failed.push((wc.wr_id, local, p)),
+                // A local error: a fault of ours, not retried.
                 s => {
-                    let status = Cq::status_str(s);
-                    first_err = Some(unavailable(format!("side queue pair failed: {status}")));
-                    OpResult::Failed(unavailable(format!(
-                        "the side queue pair failed: {status} (status {s})"
-                    )))
+                    self.cause_known = true;
+                    let e =
+                        unavailable(format!("the side queue pair failed: {status} (status {s})"));
+                    let _ = p.reply.send(OpResult::Failed(e));
                 }
-            };
-            if wc.status == WC_FLUSH_ERR && first_err.is_none() {
-                first_err = Some(unavailable("side queue pair flushed"));
             }
-            let _ = p.reply.send(r);
         }
-        first_err.map_or(Ok(()), Err)
+        err.map_or(Ok(()), Err)
     }
 
-    fn poll(&mut self, failing: bool) -> Result<usize, Error> {
+    fn poll(&mut self) -> Result<usize, Error> {
         let mut total = 0;
         loop {
             self.wcs.clear();
             let n = self.cq.poll(&mut self.wcs, 32)?;
             total += n;
-            self.complete(failing)?;
+            self.complete()?;
             if n == 0 {
                 return Ok(total);
             }
@@ -438,14 +466,15 @@ impl SideTask {
     }
 
     async fn main_loop(&mut self) -> Result<(), Error> {
+        let gen = self.gen;
         loop {
             self.post_waiting()?;
-            if self.poll(false)? > 0 {
+            if self.poll()? > 0 {
                 continue;
             }
             self.cq.arm()?;
             // A completion between the poll and the arm raises no event.
-            if self.poll(false)? > 0 {
+            if self.poll()? > 0 {
                 continue;
             }
             let room = self.inflight.len() < SIDE_DEPTH as usize;
@@ -470,6 +499,9 @@ impl SideTask {
                     }
                 }
                 _ = self.closed.wait_for(|c| *c) => return Ok(()),
+                _ = self.in_use.wait_for(|l| l.as_ref().map(|l| l.gen) != Some(gen)) => {
+                    return Ok(())
+                }
             }
         }
     }
@@ -482,6 +514,10 @@ impl SideTask {
         let shared = self.shared.upgrade();
         if let Some(s) = &shared {
             s.side_failed(self.gen);
+        }
+        if why.is_ok() {
+            // Closed or replaced: no operation caused it.
+            self.cause_known = true;
         }
         if let Err(e) = &why {
             tracing::debug!("rdma side queue pair {} ends: {e}", self.gen);
@@ -499,26 +535,25 @@ impl SideTask {
         while self.sq.as_ref().is_some_and(|sq| sq.outstanding() > 0)
             && tokio::time::Instant::now() < deadline
         {
-            match self.poll(true) {
-                Ok(0) => tokio::time::sleep(Duration::from_millis(2)).await,
-                Ok(_) => {}
-                Err(_) => {}
+            if let Ok(0) | Err(_) = self.poll() {
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
         }
         // The QP goes before any buffer still posted (now safe to free).
         if let Some(sq) = self.sq.take() {
-            let mut left = sq.destroy();
-            // Posting order. Without any failed completion (siw ends a
-            // queue pair the peer terminated without flushing it), the
-            // oldest operation still posted is the likely cause.
-            left.sort_by_key(|(wr_id, _)| *wr_id);
-            for (wr_id, local) in left {
+            for (wr_id, local) in sq.destroy() {
                 if let Some(p) = self.inflight.remove(&wr_id) {
-                    let first = !self.failed_once;
-                    self.failed_once = true;
-                    let _ = p.reply.send(OpResult::Flushed(local, first));
+                    self.failed.push((wr_id, local, p));
                 }
             }
+        }
+        // Posting order: the oldest operation the queue pair did not
+        // complete is the likely cause of its failure (§10.3), unless a
+        // status named the cause or none is needed (closed, replaced).
+        self.failed.sort_by_key(|(wr_id, _, _)| *wr_id);
+        for (i, (_, local, p)) in self.failed.drain(..).enumerate() {
+            let first = i == 0 && !self.cause_known;
+            let _ = p.reply.send(OpResult::Flushed(local, first));
         }
         for op in self.waiting.drain(..) {
             let _ = op.reply.send(OpResult::Flushed(op.local, false));

@@ -239,13 +239,18 @@ pub(crate) struct SideQp {
     /// First: destroyed before the buffers below are deregistered.
     qp: Qp,
     posted: HashMap<u64, UserMr>,
+    /// The sink of every fence READ (zero bytes: nothing is ever written
+    /// to it, but a READ's sink must allow local write).
+    scratch: UserMr,
 }
 
 impl SideQp {
-    pub(crate) fn new(qp: Qp) -> SideQp {
+    /// `scratch`: a [`MrUse::ReadDestination`] in the QP's PD.
+    pub(crate) fn new(qp: Qp, scratch: UserMr) -> SideQp {
         SideQp {
             qp,
             posted: HashMap::new(),
+            scratch,
         }
     }
 
@@ -318,12 +323,14 @@ impl SideQp {
             let f = OneSidedDesc {
                 wr_id,
                 read: true,
+                addr: self.scratch.addr,
                 len: 0,
+                lkey: self.scratch.lkey(),
                 ..d
             };
-            // SAFETY: a zero-length READ: the NIC writes none of `local`
-            // (its lkey only names the registration); `local` is kept as
-            // above.
+            // SAFETY: a zero-length READ into `scratch`, registered with
+            // local write on this QP's PD and kept until the QP is
+            // destroyed (a field after `qp`); the NIC writes none of it.
             if let Err(e) = unsafe { self.qp.post_one_sided(&f) } {
                 // The WRITE is posted: its buffer stays until its
                 // completion is polled or the QP is destroyed, whatever the
@@ -357,8 +364,13 @@ impl SideQp {
     /// came (safe now: after `rdma_destroy_qp` the NIC no longer touches
     /// them).
     pub(crate) fn destroy(self) -> Vec<(u64, UserMr)> {
-        let SideQp { qp, posted } = self;
+        let SideQp {
+            qp,
+            posted,
+            scratch,
+        } = self;
         drop(qp);
+        drop(scratch);
         posted.into_iter().collect()
     }
 }

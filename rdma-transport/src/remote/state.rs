@@ -132,6 +132,12 @@ impl RemoteShared {
         *self.closed.borrow()
     }
 
+    /// The side queue pair in use, watched: a side task whose generation
+    /// is no longer the one in use stops (a newer one replaced it).
+    pub(crate) fn side_watch(&self) -> watch::Receiver<Option<SideLink>> {
+        self.side.subscribe()
+    }
+
     pub(crate) fn closed_watch(&self) -> watch::Receiver<bool> {
         self.closed.subscribe()
     }
@@ -289,7 +295,10 @@ impl RemoteShared {
         // queue pairs means the peer's NIC refuses it (iWARP reports a
         // refused operation by a flush, §10.3).
         let mut first_failures = 0;
-        for attempt in 0..3 {
+        // Up to five tries: an operation beside a refused one may land behind
+        // it again on the fresh queue pair (iWARP), while the refused one
+        // itself ends after its second suspected failure.
+        for attempt in 0..5 {
             if attempt > 0 {
                 crate::stats::GLOBAL
                     .one_sided_retries
@@ -342,7 +351,7 @@ impl RemoteShared {
             return Err(Error::Remote(RemoteError::Closed));
         }
         Err(Error::Remote(RemoteError::Unavailable(
-            "the side queue pair failed three times under this operation".into(),
+            "the side queue pair failed five times under this operation".into(),
         )))
     }
 

@@ -316,14 +316,21 @@ impl CmId {
     }
 
     fn param(private: &[u8], qp_num: u32) -> rdma_conn_param {
+        Self::param_depth(private, qp_num, 1)
+    }
+
+    /// As `param`, with `depth` RDMA READs outstanding at a time each way
+    /// (`initiator_depth`, `responder_resources`; librdmacm lowers them to
+    /// what the device and the peer allow).
+    fn param_depth(private: &[u8], qp_num: u32, depth: u8) -> rdma_conn_param {
         // Our private data is a hello (44 bytes), with a ticket (56) on
         // connect: within every transport's limit, and within the u8 below.
         debug_assert!(private.len() <= CONNECT_PRIVATE_MAX);
         rdma_conn_param {
             private_data: private.as_ptr() as *const _,
             private_data_len: private.len() as u8,
-            responder_resources: 1,
-            initiator_depth: 1,
+            responder_resources: depth,
+            initiator_depth: depth,
             flow_control: 1,
             // 6, not the maximum 7: rdma_rxe treats a transport retry count
             // of 7 as "retry forever" (like rnr_retry 7), so a peer whose
@@ -353,6 +360,25 @@ impl CmId {
         // it).
         let r = unsafe { rdma_connect(self.ptr, &mut p) };
         cm_call(r, "rdma_connect")
+    }
+
+    /// `rdma_connect` of a queue pair that carries RDMA READs (a side
+    /// queue pair, wire protocol §10.2): up to `depth` outstanding each way.
+    pub(crate) fn connect_reads(&self, private: &[u8], depth: u8) -> Result<(), Error> {
+        let mut p = Self::param_depth(private, 0, depth);
+        // SAFETY: live id with a resolved route and a QP; private data
+        // valid during the call (librdmacm copies it).
+        let r = unsafe { rdma_connect(self.ptr, &mut p) };
+        cm_call(r, "rdma_connect")
+    }
+
+    /// `rdma_accept` of a queue pair that carries RDMA READs, as
+    /// [`CmId::connect_reads`].
+    pub(crate) fn accept_reads(&self, private: &[u8], depth: u8) -> Result<(), Error> {
+        let mut p = Self::param_depth(private, 0, depth);
+        // SAFETY: as for connect.
+        let r = unsafe { rdma_accept(self.ptr, &mut p) };
+        cm_call(r, "rdma_accept")
     }
 
     pub(crate) fn accept(&self, private: &[u8]) -> Result<(), Error> {
