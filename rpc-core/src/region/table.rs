@@ -458,7 +458,7 @@ mod tests {
             let other = t
                 .insert(B, Side::Server, Access::ReadWrite, BytesMut::zeroed(32).into())
                 .unwrap();
-            let mut model = vec![0u8; 64];
+            let mut model = [0u8; 64];
             for (op, salt, offset, len, forge_token, forge_len) in ops {
                 let mut r = if salt % 5 == 0 { other } else { mine };
                 if forge_token {
