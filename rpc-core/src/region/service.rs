@@ -1,6 +1,7 @@
-//! `rdma_grpc.RemoteMemory` (`docs/wire-protocol.md` §5), the hidden service every rpc-core server
-//! serves: remote memory where there is no one-sided access (TCP and
-//! in-memory connections), on the process's [`table`](super::table).
+//! `rdma_grpc.RemoteMemory` (`docs/wire-protocol.md` §5), the hidden
+//! service every rpc-core server serves: remote memory where there is no
+//! one-sided access (TCP and in-memory connections), on the process's
+//! [`table`](super::table).
 
 use std::convert::Infallible;
 use std::future::Future;
