@@ -35,8 +35,10 @@
 //! | [`conn`] | the message-connection trait, and the in-memory connection |
 //! | `protocol` | the call protocol (docs/wire-protocol.md Part 1): frames, flow-control windows as values (`flow`) and the send windows calls wait on, deadlines, the session that multiplexes calls on one connection (its stream table, a state machine without I/O, in `session/streams.rs`), [`SessionConfig`], [`RecvBody`], [`PeerMisbehaved`] |
 //! | `transport` | what carries calls: the RDMA connection and listener, tonic's HTTP/2 path made to behave as the message path, the RDMA port announcement (§3) and TLS tickets (§4) |
+//! | `region` | remote memory's descriptor messages, checks and typed errors, and its service path: the process's region table and the hidden `rdma_grpc.RemoteMemory` service |
 //! | `client` | [`Channel`], [`Endpoint`], transport selection and fallback, one call, balancing |
 //! | `server` | [`Server`], [`Router`] and serving, one call of a message connection, dispatch by name, layers, the RDMA accept loop |
+//! | [`remote`] | remote memory's API ([`remote::Remote`], [`remote::Grant`]): one-sided on RDMA, the service path elsewhere (`docs/remote-memory.md`) |
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 #![allow(missing_debug_implementations)]
@@ -50,9 +52,10 @@ mod hash;
 mod info;
 mod protocol;
 mod region;
-pub mod remote;
 mod server;
 mod transport;
+// After `client` and `server`, whose connections it uses.
+pub mod remote;
 
 pub use client::{Channel, ChannelBuilder, Endpoint};
 pub use error::Error;
