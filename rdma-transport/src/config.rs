@@ -194,6 +194,15 @@ pub struct Config {
     /// so they also count against `global_max_registered_bytes`.
     /// Default 256 MiB.
     pub max_exposed_bytes: usize,
+    /// Most bytes of registered local buffers one connection keeps for its
+    /// one-sided READs and WRITEs (wire protocol §10.5): buffers of 4 KiB
+    /// to 4 MiB, taken by an operation and given back when it ends (a
+    /// READ's `Bytes` of more than 4 KiB is the buffer itself, given back
+    /// when dropped), so that operations do not register memory each
+    /// time. Made on first use; an operation that finds no room registers
+    /// its buffer on the fly. Counts against `global_max_registered_bytes`.
+    /// Zero disables the cache. Default 16 MiB.
+    pub one_sided_cache_bytes: usize,
 }
 
 impl Default for Config {
@@ -230,6 +239,7 @@ impl Default for Config {
             device_pool: true,
             device_pool_idle_bytes: 16 << 20,
             max_exposed_bytes: 256 << 20,
+            one_sided_cache_bytes: 16 << 20,
         }
     }
 }

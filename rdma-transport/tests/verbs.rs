@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use rdma_transport::{
-    connect, devices, global_stats, Config, Connection, Error, Exposable, Listener, RejectReason,
-    RemoteAccess, RemoteError, ResourceError,
+    connect, devices, global_stats, registered_bytes, Config, Connection, Error, Exposable,
+    Listener, PollMode, RejectReason, RemoteAccess, RemoteError, ResourceError,
 };
 
 mod common;
@@ -1655,6 +1655,100 @@ async fn exposures_are_capped_per_connection() {
             )
             .await
             .expect("the dropped exposure's bytes are back");
+    })
+    .await
+    .expect("timeout");
+}
+
+/// The local buffers of READs and WRITEs stay registered between
+/// operations (§10.5): after the first round no operation registers
+/// memory; the cache keeps at most `one_sided_cache_bytes` (reads beyond it
+/// register on the fly and are still right); a READ's `Bytes` the
+/// application holds stays intact after the connection closed; closing
+/// and dropping everything gives every registered byte back. Runs in the
+/// `Spin` poll mode, whose side task never sleeps while an operation is
+/// posted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn one_sided_local_buffers_are_kept_registered_and_bounded() {
+    let Some(ip) = device_ip("one_sided_local_buffers_are_kept_registered_and_bounded") else {
+        return;
+    };
+    let cfg = Config {
+        one_sided_cache_bytes: 2 << 20,
+        poll_mode: PollMode::Spin,
+        ..Config::default()
+    };
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let (c, s, l) = kept_pair(ip, &cfg).await;
+        let (a, p) = (c.remote_memory(), s.remote_memory());
+        let data = pattern(9, 1 << 20);
+        let e = p
+            .expose(Exposable::Shared(data.clone()), RemoteAccess::Read)
+            .await
+            .expect("expose");
+        let key = e.key();
+        let w = p
+            .expose(
+                Exposable::Owned(BytesMut::zeroed(64 << 10)),
+                RemoteAccess::Write,
+            )
+            .await
+            .expect("expose for write");
+        let sizes = [64usize, 5000, 64 << 10, 1 << 20];
+        let round = || async {
+            for (i, &n) in sizes.iter().enumerate() {
+                let off = (i * 4099) % ((1 << 20) - n + 1);
+                let got = a.read(&key, off as u64, n).await.expect("read");
+                assert!(got == data.slice(off..off + n), "read of {n} at {off}");
+            }
+            for n in [64usize, 4096, 64 << 10] {
+                a.write(&w.key(), 0, data.slice(..n)).await.expect("write");
+            }
+        };
+        round().await;
+        let regs = global_stats().memory_registrations;
+        for _ in 0..5 {
+            round().await;
+        }
+        assert_eq!(
+            global_stats().memory_registrations,
+            regs,
+            "operations after the first round register nothing"
+        );
+        assert!(a.cached_bytes() > 0 && a.cached_bytes() <= 2 << 20);
+
+        // Held reads beyond the cache: registered on the fly, still right.
+        let mut held = Vec::new();
+        for i in 0..6usize {
+            let off = i * 1000;
+            let got = a
+                .read(&key, off as u64, 512 << 10)
+                .await
+                .expect("held read");
+            assert!(got == data.slice(off..off + (512 << 10)), "held read {i}");
+            held.push((off, got));
+        }
+        assert!(a.cached_bytes() <= 2 << 20, "{}", a.cached_bytes());
+        let (_, first) = held.remove(0);
+
+        // Closing ends the cache; what the application holds stays intact.
+        let w = w.revoke();
+        assert!(matches!(&w, Exposable::Owned(b) if b[..] == data[..64 << 10]));
+        drop((e, c, s, l));
+        for (off, b) in &held {
+            assert!(*b == data.slice(*off..*off + (512 << 10)), "after close");
+        }
+        drop(held);
+        assert!(first == data.slice(..512 << 10));
+        drop(first);
+        let t = Instant::now();
+        while a.cached_bytes() > 0 && t.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(a.cached_bytes(), 0, "every cached buffer deregistered");
+        drop((a, p));
+        println!("registered bytes after close: {}", registered_bytes());
     })
     .await
     .expect("timeout");

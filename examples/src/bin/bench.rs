@@ -237,6 +237,11 @@ struct Args {
     /// (`rdma_transport::Config::poll_mode`; default: the transport's, adaptive).
     #[arg(long)]
     poll_mode: Option<PollModeArg>,
+    /// RDMA path: the server's poll mode, when it differs from
+    /// `--poll-mode` (e.g. `remote-read` in polling mode: the reading side
+    /// polls, the exposing side takes no part, as in `ib_read_lat`).
+    #[arg(long)]
+    server_poll_mode: Option<PollModeArg>,
     /// RDMA path: busy-poll bound / budget in µs (`Config::busy_poll`).
     #[arg(long)]
     busy_poll_us: Option<u64>,
@@ -259,13 +264,18 @@ enum PollModeArg {
 }
 
 impl Args {
-    /// The RDMA transport settings of both ends, when an option changes them.
-    fn rdma_config(&self) -> Option<rdma_transport::Config> {
+    /// The RDMA transport settings of the server's (`server`) or the
+    /// clients' end, when an option changes them.
+    fn rdma_config(&self, server: bool) -> Option<rdma_transport::Config> {
+        let poll_mode = match self.server_poll_mode {
+            Some(m) if server => Some(m),
+            _ => self.poll_mode,
+        };
         if self.rdv_bytes.is_none()
             && self.rdv_buffers.is_none()
             && !self.no_write_imm
             && !self.no_memory_on_demand
-            && self.poll_mode.is_none()
+            && poll_mode.is_none()
             && self.busy_poll_us.is_none()
             && self.initial_slots.is_none()
         {
@@ -279,7 +289,7 @@ impl Args {
             rendezvous_buffers: self.rdv_buffers.unwrap_or(d.rendezvous_buffers),
             write_with_imm: !self.no_write_imm,
             memory_on_demand: !self.no_memory_on_demand,
-            poll_mode: match self.poll_mode {
+            poll_mode: match poll_mode {
                 None => d.poll_mode,
                 Some(PollModeArg::Adaptive) => rdma_transport::PollMode::Adaptive,
                 Some(PollModeArg::Fixed) => rdma_transport::PollMode::Fixed,
@@ -1107,7 +1117,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let mut server_builder = Server::builder();
-    if let Some(c) = args.rdma_config() {
+    if let Some(c) = args.rdma_config(true) {
         eprintln!(
             "rdma: {} rendezvous buffers of {} KiB, write with immediate {}",
             c.rendezvous_buffers,
@@ -1226,7 +1236,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                             .unwrap()
                             .transport(Transport::RdmaOnly)
                             .direct_path(matches!(path, PathKind::Direct | PathKind::UnaryFetch));
-                        if let Some(c) = args.rdma_config() {
+                        if let Some(c) = args.rdma_config(false) {
                             b = b.rdma_config(c);
                         }
                         match b.connect().await {

@@ -24,10 +24,10 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::events::{event_name, next_event, status_text, CmFd, CqFd};
 use super::setup::resolve;
-use crate::config::Config;
+use crate::config::{Config, PollMode};
 use crate::engine::wire::SideToken;
 use crate::error::{Error, RejectReason, RemoteError};
-use crate::mem::{read_destination, MrUse, PostFail, SideQp, UserMr, FENCED_WRITE};
+use crate::mem::{read_destination, MrUse, PostFail, SideQp, Transfer, UserMr, FENCED_WRITE};
 use crate::remote::{Op, OpResult, RemoteShared, SideLink};
 use crate::verbs::cm::{CmId, EventChannel};
 use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps, Wc};
@@ -285,6 +285,8 @@ fn start(
         in_use: shared.side_watch(),
         gen: link.gen,
         wcs: Vec::with_capacity(32),
+        mode: shared.cfg.poll_mode,
+        busy_poll: shared.cfg.busy_poll,
         iwarp,
         cause_known: false,
         failed: Vec::new(),
@@ -328,6 +330,10 @@ struct SideTask {
     in_use: watch::Receiver<Option<SideLink>>,
     gen: u64,
     wcs: Vec<Wc>,
+    /// `Config::poll_mode` and `Config::busy_poll`: how long the task
+    /// polls while operations are posted before it sleeps ([`SideTask::spin`]).
+    mode: PollMode,
+    busy_poll: Duration,
     /// iWARP: WRITEs are fenced (`SideQp::post`).
     iwarp: bool,
     /// Why the queue pair failed is known (a status named the operation,
@@ -363,14 +369,13 @@ impl SideTask {
                 self.waiting.push_front(op);
                 return Err(unavailable("the side queue pair is gone"));
             };
-            match sq.post(
-                wr_id,
-                op.read,
-                self.iwarp,
-                op.local,
-                op.remote_addr,
-                op.rkey,
-            ) {
+            let t = Transfer {
+                read: op.read,
+                len: op.len,
+                remote_addr: op.remote_addr,
+                rkey: op.rkey,
+            };
+            match sq.post(wr_id, self.iwarp, op.local, t) {
                 Ok(()) => {
                     self.inflight.insert(wr_id, Posted { reply: op.reply });
                 }
@@ -465,6 +470,54 @@ impl SideTask {
         }
     }
 
+    /// Whether a completion is expected: something is posted.
+    fn expecting(&self) -> bool {
+        self.sq.as_ref().is_some_and(|sq| sq.outstanding() > 0)
+    }
+
+    /// While operations are posted, polls the CQ (and takes new
+    /// operations) before the task sleeps on the completion channel (§10.5):
+    /// for `busy_poll` in the `Adaptive` and `Fixed` modes, for as long as
+    /// anything is posted in the `Spin` mode, letting the runtime run other
+    /// tasks every few polls. `true` when it found work; `false` when the
+    /// budget ran out or the task must look at its other events (closed,
+    /// replaced, every handle gone).
+    async fn spin(&mut self) -> Result<bool, Error> {
+        let budget = match self.mode {
+            PollMode::Spin => None,
+            PollMode::Adaptive | PollMode::Fixed if self.busy_poll.is_zero() => return Ok(false),
+            PollMode::Adaptive | PollMode::Fixed => Some(self.busy_poll),
+        };
+        let start = std::time::Instant::now();
+        let mut polls: u32 = 0;
+        loop {
+            if self.poll()? > 0 {
+                return Ok(true);
+            }
+            if self.inflight.len() < SIDE_DEPTH as usize {
+                match self.rx.try_recv() {
+                    Ok(op) => {
+                        self.waiting.push_back(op);
+                        return Ok(true);
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => {}
+                    Err(mpsc::error::TryRecvError::Disconnected) => return Ok(false),
+                }
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(32) {
+                let replaced = self.in_use.borrow().as_ref().map(|l| l.gen) != Some(self.gen);
+                if *self.closed.borrow() || replaced {
+                    return Ok(false);
+                }
+                if budget.is_some_and(|b| start.elapsed() >= b) {
+                    return Ok(false);
+                }
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
     async fn main_loop(&mut self) -> Result<(), Error> {
         let gen = self.gen;
         loop {
@@ -472,10 +525,17 @@ impl SideTask {
             if self.poll()? > 0 {
                 continue;
             }
-            self.cq.arm()?;
-            // A completion between the poll and the arm raises no event.
-            if self.poll()? > 0 {
-                continue;
+            // Nothing posted: no completion can come, the channel stays
+            // unarmed (arming is a system call on some devices).
+            if self.expecting() {
+                if self.spin().await? {
+                    continue;
+                }
+                self.cq.arm()?;
+                // A completion between the poll and the arm raises no event.
+                if self.poll()? > 0 {
+                    continue;
+                }
             }
             let room = self.inflight.len() < SIDE_DEPTH as usize;
             tokio::select! {

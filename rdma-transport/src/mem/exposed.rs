@@ -1,9 +1,9 @@
 //! The application's memory registered for one-sided access (wire protocol
 //! §10): [`UserMr`], a registration of the exact bytes of a `Bytes` or
 //! `BytesMut` in a connection's exposure PD (an exposure, or the local
-//! buffer of a READ or WRITE), and [`SideQp`], the side queue pair that
-//! owns every buffer posted on it until its completion is polled or the
-//! queue pair is destroyed.
+//! buffer of a READ or WRITE, possibly one a [`LocalCache`](super::LocalCache) keeps), and
+//! [`SideQp`], the side queue pair that owns every buffer posted on it
+//! until its completion is polled or the queue pair is destroyed.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -12,6 +12,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use rdma_sys::*;
 
+use super::local_cache::Home;
 use super::REGISTERED_BYTES;
 use crate::error::{Error, RemoteError, ResourceError};
 use crate::remote::{Exposable, RemoteAccess};
@@ -56,19 +57,30 @@ impl MrUse {
     }
 }
 
-/// The exact bytes of an application buffer registered in a PD. While it
-/// lives the buffer is reached only by the NIC (the CPU never reads or
-/// writes it, no reference over it is formed); [`UserMr::into_inner`]
+/// The exact bytes of an application buffer registered in a PD.
+///
+/// An exposure's buffer ([`MrUse::Exposed`]) is reached only by the NIC
+/// while it lives (the CPU never reads or writes it, no reference over it
+/// is formed: the peer may write it at any time); [`UserMr::into_inner`]
 /// deregisters it before it gives the buffer back, so the application
 /// never sees memory the NIC may still write.
+///
+/// A local buffer (a READ's destination or a WRITE's source) has no key
+/// the peer could use, and only our own work requests touch it: while it
+/// is posted, [`SideQp`] owns it; a `UserMr` held by value is in no work
+/// request, so its bytes may be read ([`UserMr::local_bytes`]) and
+/// written ([`UserMr::local_bytes_mut`]). One that came from a
+/// [`LocalCache`](super::LocalCache) goes back to it when dropped, still registered.
 pub(crate) struct UserMr {
     mr: *mut ibv_mr,
-    /// `Some` until given back; never touched meanwhile.
+    /// `Some` until given back.
     buf: Option<Exposable>,
     addr: u64,
     len: usize,
     how: MrUse,
-    _pd: Arc<Pd>,
+    pd: Arc<Pd>,
+    /// The cache a local buffer goes back to when dropped.
+    home: Option<Home>,
 }
 
 // SAFETY: the buffer is uniquely owned (a `BytesMut`, or a `Bytes` the NIC
@@ -127,8 +139,43 @@ impl UserMr {
             addr: ptr as u64,
             len,
             how,
-            _pd: pd.clone(),
+            pd: pd.clone(),
+            home: None,
         })
+    }
+
+    /// Makes a local buffer go back to its cache when dropped (`None`: be
+    /// deregistered when dropped).
+    pub(crate) fn set_home(&mut self, home: Option<Home>) {
+        debug_assert!(home.is_none() || !matches!(self.how, MrUse::Exposed(_)));
+        self.home = home;
+    }
+
+    /// Whether it goes back to a cache when dropped.
+    pub(crate) fn is_cached(&self) -> bool {
+        self.home.is_some()
+    }
+
+    /// The bytes of a local buffer (a READ's destination, a WRITE's
+    /// source); empty for an exposure, whose bytes the peer may be writing.
+    /// Held by value, a local buffer is in no work request (see the type's
+    /// doc), so nothing but the CPU touches it now.
+    pub(crate) fn local_bytes(&self) -> &[u8] {
+        match (&self.buf, self.how) {
+            (_, MrUse::Exposed(_)) | (None, _) => &[],
+            (Some(Exposable::Shared(b)), _) => b,
+            (Some(Exposable::Owned(b)), _) => b,
+        }
+    }
+
+    /// The bytes of a local buffer this side owns alone (`None` for an
+    /// exposure or a shared `Bytes`), to fill before a WRITE.
+    pub(crate) fn local_bytes_mut(&mut self) -> Option<&mut [u8]> {
+        match (&mut self.buf, self.how) {
+            (_, MrUse::Exposed(_)) => None,
+            (Some(Exposable::Owned(b)), _) => Some(&mut b[..]),
+            _ => None,
+        }
     }
 
     pub(crate) fn addr(&self) -> u64 {
@@ -196,6 +243,26 @@ impl UserMr {
 
 impl Drop for UserMr {
     fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            if let Some(cache) = home.cache() {
+                if !self.mr.is_null() && self.buf.is_some() {
+                    // Still registered, in no work request: back to the
+                    // cache, which takes over the registration (a closed
+                    // cache drops it without its home: deregistered then).
+                    let back = UserMr {
+                        mr: std::mem::replace(&mut self.mr, std::ptr::null_mut()),
+                        buf: self.buf.take(),
+                        addr: self.addr,
+                        len: self.len,
+                        how: self.how,
+                        pd: self.pd.clone(),
+                        home: Some(home),
+                    };
+                    cache.put(back);
+                    return;
+                }
+            }
+        }
         if !self.deregister() {
             std::mem::forget(self.buf.take());
         }
@@ -220,6 +287,18 @@ pub(crate) fn read_destination(len: usize) -> Exposable {
 /// The bit of a fenced WRITE's work request id ([`SideQp::post`]): its
 /// successful completion is not the operation's (the fence READ's is).
 pub(crate) const FENCED_WRITE: u64 = 1 << 63;
+
+/// What one READ or WRITE moves ([`SideQp::post`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Transfer {
+    /// A READ (else a WRITE).
+    pub(crate) read: bool,
+    /// Bytes: the first `len` of the local buffer.
+    pub(crate) len: usize,
+    /// The peer's address and key.
+    pub(crate) remote_addr: u64,
+    pub(crate) rkey: u32,
+}
 
 /// Why [`SideQp::post`] failed.
 pub(crate) enum PostFail {
@@ -255,10 +334,11 @@ impl SideQp {
     }
 
     /// Posts a signaled READ (into `local`, which must be a
-    /// [`MrUse::ReadDestination`]) or WRITE (from `local`, a
-    /// [`MrUse::WriteSource`]) of all of `local`, to `[remote_addr,
-    /// +local.len())` with `rkey`; `local` stays here until `wr_id`
-    /// completes. On failure it is given back.
+    /// [`MrUse::ReadDestination`]) or WRITE (from `local`, a local buffer:
+    /// [`MrUse::WriteSource`] or a cached [`MrUse::ReadDestination`]) of
+    /// the first `t.len` bytes of `local`, to `[t.remote_addr, +t.len)`
+    /// with `t.rkey`; `local` stays here until `wr_id` completes. On failure it is
+    /// given back.
     ///
     /// With `fence` (a WRITE on iWARP, where a WRITE completes once sent,
     /// before the peer checked it, §10.3) the WRITE is posted with
@@ -269,28 +349,37 @@ impl SideQp {
     pub(crate) fn post(
         &mut self,
         wr_id: u64,
-        read: bool,
         fence: bool,
         local: UserMr,
-        remote_addr: u64,
-        rkey: u32,
+        t: Transfer,
     ) -> Result<(), Box<PostFail>> {
-        let want = if read {
-            MrUse::ReadDestination
-        } else {
-            MrUse::WriteSource
+        let Transfer {
+            read,
+            len,
+            remote_addr,
+            rkey,
+        } = t;
+        let kind_ok = match local.how {
+            MrUse::ReadDestination => true,
+            MrUse::WriteSource => !read,
+            MrUse::Exposed(_) => false,
         };
-        if local.how != want || self.posted.contains_key(&wr_id) || wr_id & FENCED_WRITE != 0 {
+        if !kind_ok
+            || len > local.len
+            || self.posted.contains_key(&wr_id)
+            || wr_id & FENCED_WRITE != 0
+        {
             return Err(Box::new(PostFail::NotPosted(
                 local,
                 Error::Remote(RemoteError::Unavailable(
-                    "internal: a buffer of the wrong kind or a reused work request id".into(),
+                    "internal: a buffer of the wrong kind or size, or a reused work request id"
+                        .into(),
                 )),
             )));
         }
-        let Ok(len) = u32::try_from(local.len) else {
+        let Ok(len) = u32::try_from(len) else {
             let e = Error::Remote(RemoteError::TooLarge {
-                len: local.len as u64,
+                len: len as u64,
                 max: u32::MAX.into(),
             });
             return Err(Box::new(PostFail::NotPosted(local, e)));
@@ -310,7 +399,8 @@ impl SideQp {
         };
         // SAFETY: `local` is registered on the exposure PD, which is this
         // QP's PD (both made from it by the caller), with local write for a
-        // READ (checked above: `how`); it moves into `posted` right after a
+        // READ (checked above: `how`), and `len` is within it (checked
+        // above); it moves into `posted` right after a
         // successful post and leaves only by `complete` (the completion of
         // its last work request, `wr_id`, was polled: send queue order
         // means the fenced WRITE before it completed too) or after the QP

@@ -12,6 +12,8 @@
 //!   receive queue (wire protocol §4.7),
 //! * `exposed`: the application's buffers registered for one-sided access
 //!   (wire protocol §10) and the side queue pair that owns the posted ones,
+//! * `local_cache`: the local buffers of one-sided READs and WRITEs, kept
+//!   registered between operations (§10.5),
 //! * `conn_memory`: the QP and all memory of one connection
 //!   (`ConnMemory`), which destroys the QP before any buffer is
 //!   deregistered or freed, and implements the engine's `Buffers`.
@@ -22,6 +24,7 @@
 mod conn_memory;
 mod device_pool;
 mod exposed;
+mod local_cache;
 mod recv_pool;
 mod registered;
 mod slot_pool;
@@ -30,7 +33,10 @@ use std::sync::atomic::AtomicUsize;
 
 pub(crate) use self::conn_memory::{ConnMemory, PoolSizes};
 pub(crate) use self::device_pool::DevicePool;
-pub(crate) use self::exposed::{read_destination, MrUse, PostFail, SideQp, UserMr, FENCED_WRITE};
+pub(crate) use self::exposed::{
+    read_destination, MrUse, PostFail, SideQp, Transfer, UserMr, FENCED_WRITE,
+};
+pub(crate) use self::local_cache::{read_buffer, read_bytes, write_buffer, LocalCache};
 pub(crate) use self::recv_pool::RecvPool;
 
 /// Process-wide registered bytes (checked against `Config::global_max_registered_bytes`).

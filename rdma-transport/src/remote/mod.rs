@@ -20,7 +20,7 @@ mod state;
 use bytes::{Bytes, BytesMut};
 
 use crate::error::{Error, RemoteError};
-use crate::mem::{read_destination, MrUse, UserMr};
+use crate::mem::{read_buffer, read_bytes, write_buffer, MrUse, UserMr};
 
 pub(crate) use self::state::{Op, OpResult, RemoteShared, Role, SideLink};
 
@@ -258,9 +258,12 @@ impl RemoteMemory {
     }
 
     /// One-sided RDMA READ of `len` bytes at `offset` within the peer's
-    /// region `key`. The bytes are handed over only after the READ completed
-    /// and the buffer was deregistered. Zero bytes: a no-op (after the
-    /// checks). Dropping the future never frees memory the NIC may write.
+    /// region `key`, into a local buffer kept registered between
+    /// operations (`Config::one_sided_cache_bytes`, §10.5). The bytes are
+    /// handed over only after the READ completed: up to 4 KiB copied out
+    /// of the buffer, more as the buffer itself (back to the cache when
+    /// the `Bytes` is dropped). Zero bytes: a no-op (after the checks).
+    /// Dropping the future never frees memory the NIC may write.
     ///
     /// # Errors
     ///
@@ -279,24 +282,20 @@ impl RemoteMemory {
         let s = &self.inner;
         s.usable()?;
         let pd = s.pd()?;
-        let local = UserMr::new(
-            &pd,
-            read_destination(len),
-            MrUse::ReadDestination,
-            s.cfg.global_max_registered_bytes,
-        )?;
-        let done = s.run(true, local, remote, key.rkey).await?;
-        match done.into_inner() {
-            Some(b) => Ok(b.into_bytes()),
-            None => Err(Error::Remote(RemoteError::Unavailable(
+        let cache = s.cache()?;
+        let local = read_buffer(&cache, len, &pd, s.cfg.global_max_registered_bytes)?;
+        let done = s.run(true, local, len, remote, key.rkey).await?;
+        read_bytes(done, len).ok_or_else(|| {
+            Error::Remote(RemoteError::Unavailable(
                 "deregistering the READ's buffer failed".into(),
-            ))),
-        }
+            ))
+        })
     }
 
     /// One-sided RDMA WRITE of `data` at `offset` within the peer's region
     /// `key`; returns once the WRITE completed (the peer's NIC has the
-    /// data). Empty `data`: a no-op (after the checks). Dropping the future
+    /// data). Up to 64 KiB are copied into a local buffer kept registered
+    /// (§10.5); more are registered where they are, for the WRITE. Empty `data`: a no-op (after the checks). Dropping the future
     /// never frees memory the NIC may read.
     ///
     /// # Errors
@@ -311,15 +310,18 @@ impl RemoteMemory {
         let s = &self.inner;
         s.usable()?;
         let pd = s.pd()?;
-        let local = UserMr::new(
-            &pd,
-            Exposable::Shared(data),
-            MrUse::WriteSource,
-            s.cfg.global_max_registered_bytes,
-        )?;
-        let done = s.run(false, local, remote, key.rkey).await?;
+        let len = data.len();
+        let cache = s.cache()?;
+        let local = write_buffer(&cache, data, &pd, s.cfg.global_max_registered_bytes)?;
+        let done = s.run(false, local, len, remote, key.rkey).await?;
         drop(done);
         Ok(())
+    }
+
+    /// Bytes of registered local buffers this connection keeps for its
+    /// READs and WRITEs (free or in use; `Config::one_sided_cache_bytes`).
+    pub fn cached_bytes(&self) -> usize {
+        self.inner.cached_bytes()
     }
 
     /// Bytes this connection exposes right now.

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::config::Config;
 use crate::engine::wire::{Hello, SideToken};
 use crate::error::{Error, RemoteError, ResourceError};
-use crate::mem::UserMr;
+use crate::mem::{LocalCache, UserMr};
 use crate::verbs::cm::CmId;
 use crate::verbs::Pd;
 
@@ -35,6 +35,8 @@ pub(crate) enum Role {
 pub(crate) struct Op {
     pub(crate) read: bool,
     pub(crate) local: UserMr,
+    /// Bytes moved: the first `len` of `local`.
+    pub(crate) len: usize,
     pub(crate) remote_addr: u64,
     pub(crate) rkey: u32,
     pub(crate) reply: oneshot::Sender<OpResult>,
@@ -74,6 +76,8 @@ pub(crate) struct RemoteShared {
     /// The main connection's cm_id: its device is the exposure PD's.
     main_id: Arc<CmId>,
     pd: Mutex<Option<Arc<Pd>>>,
+    /// The local buffers of READs and WRITEs (§10.5), made on first use.
+    cache: Mutex<Option<Arc<LocalCache>>>,
     exposed: Arc<AtomicUsize>,
     side: watch::Sender<Option<SideLink>>,
     /// Active side: one opener at a time.
@@ -111,6 +115,7 @@ impl RemoteShared {
             hello,
             main_id,
             pd: Mutex::new(None),
+            cache: Mutex::new(None),
             exposed: Arc::default(),
             side: watch::Sender::new(None),
             open_lock: tokio::sync::Mutex::new(()),
@@ -126,6 +131,11 @@ impl RemoteShared {
     pub(crate) fn close(&self) {
         self.closed.send_replace(true);
         self.side.send_replace(None);
+        // Kept (closed): its buffers still in use count until dropped.
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(c) = cache {
+            c.close();
+        }
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -166,6 +176,32 @@ impl RemoteShared {
             .map_err(|e| Error::ResourceLimit(ResourceError::from_error(e)))?;
         *g = Some(pd.clone());
         Ok(pd)
+    }
+
+    /// The cache of local buffers (§10.5), in the exposure PD.
+    pub(crate) fn cache(&self) -> Result<Arc<LocalCache>, Error> {
+        let pd = self.pd()?;
+        let mut g = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = g.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = LocalCache::new(
+            pd,
+            self.cfg.one_sided_cache_bytes,
+            self.cfg.global_max_registered_bytes,
+        );
+        if !self.is_closed() {
+            *g = Some(c.clone());
+        } else {
+            c.close();
+        }
+        Ok(c)
+    }
+
+    /// Bytes of the cache's local buffers, free or in use.
+    pub(crate) fn cached_bytes(&self) -> usize {
+        let g = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().map_or(0, |c| c.bytes())
     }
 
     /// The exposure PD's device is `id`'s.
@@ -286,6 +322,7 @@ impl RemoteShared {
         self: &Arc<Self>,
         read: bool,
         local: UserMr,
+        len: usize,
         remote_addr: u64,
         rkey: u32,
     ) -> Result<UserMr, Error> {
@@ -309,6 +346,7 @@ impl RemoteShared {
             let op = Op {
                 read,
                 local,
+                len,
                 remote_addr,
                 rkey,
                 reply: tx,
