@@ -8,7 +8,9 @@
 # ib_read_bw at 1 MiB and 16 MiB, ib_read_lat 64 B (polling); the bench's
 # remote-read path (one Get, then one-sided reads) and unary-fetch path (the
 # same bytes as BlobStore.Read unary calls, direct path) at 1 MiB and 16 MiB
-# with 1 and 8 in flight, and at 64 B with 1 in flight in polling mode. The
+# with 1 and 8 in flight, and at 64 B with 1 in flight in polling mode
+# (--one-sided-poll-mode spin; the client on the default runtime and on one
+# worker thread). The
 # server runs on a runtime of its own (--server-threads 1), so its CPU per
 # fetch is reported apart. Raw outputs go to BENCH_OUT (default
 # target/bench-remote). No figure is checked: the script only measures.
@@ -50,9 +52,17 @@ for r in $(seq "$ROUNDS"); do
     >"$OUT/bench_bulk_$r.txt" 2>"$OUT/bench_bulk_$r.err" ||
     echo "bench (bulk) failed: $OUT/bench_bulk_$r.err" >&2
   grep -E '^\| (1|16) MiB' "$OUT/bench_bulk_$r.txt" || true
+  # 64 B: the reading side polls (the side queue pair's task spins while a
+  # READ is posted; the connections' drivers stay adaptive), with the
+  # client on the default runtime and on one worker thread.
   timeout 300 "$B" --addr "$SOFTROCE_IP:0" --paths remote-read,unary-fetch --payloads 64 \
-    --inflight 1 --duration-ms 2000 --poll-mode spin --server-threads 1 \
+    --inflight 1 --duration-ms 2000 --one-sided-poll-mode spin --server-threads 1 \
     >"$OUT/bench_small_$r.txt" 2>"$OUT/bench_small_$r.err" ||
     echo "bench (small) failed: $OUT/bench_small_$r.err" >&2
   grep -E '^\| 64' "$OUT/bench_small_$r.txt" || true
+  timeout 300 "$B" --addr "$SOFTROCE_IP:0" --paths remote-read --payloads 64 \
+    --inflight 1 --duration-ms 2000 --one-sided-poll-mode spin --server-threads 1 --threads 1 \
+    >"$OUT/bench_small_t1_$r.txt" 2>"$OUT/bench_small_t1_$r.err" ||
+    echo "bench (small, one thread) failed: $OUT/bench_small_t1_$r.err" >&2
+  grep -E '^\| 64' "$OUT/bench_small_t1_$r.txt" || true
 done

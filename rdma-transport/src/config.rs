@@ -203,6 +203,12 @@ pub struct Config {
     /// its buffer on the fly. Counts against `global_max_registered_bytes`.
     /// Zero disables the cache. Default 16 MiB.
     pub one_sided_cache_bytes: usize,
+    /// How the side queue pair's task waits for the completions of
+    /// one-sided operations (wire protocol §10.5), when it differs from
+    /// `poll_mode`: `Some(PollMode::Spin)` polls without sleeping while an
+    /// operation is posted (and costs no CPU while none is), leaving the
+    /// connection's own driver as `poll_mode` says. Default `None`.
+    pub one_sided_poll_mode: Option<PollMode>,
 }
 
 impl Default for Config {
@@ -240,6 +246,7 @@ impl Default for Config {
             device_pool_idle_bytes: 16 << 20,
             max_exposed_bytes: 256 << 20,
             one_sided_cache_bytes: 16 << 20,
+            one_sided_poll_mode: None,
         }
     }
 }

@@ -242,6 +242,11 @@ struct Args {
     /// polls, the exposing side takes no part, as in `ib_read_lat`).
     #[arg(long)]
     server_poll_mode: Option<PollModeArg>,
+    /// RDMA path: how the side queue pair waits for one-sided operations
+    /// (`rdma_transport::Config::one_sided_poll_mode`; default: as
+    /// `--poll-mode`).
+    #[arg(long)]
+    one_sided_poll_mode: Option<PollModeArg>,
     /// RDMA path: busy-poll bound / budget in µs (`Config::busy_poll`).
     #[arg(long)]
     busy_poll_us: Option<u64>,
@@ -263,6 +268,16 @@ enum PollModeArg {
     Spin,
 }
 
+impl PollModeArg {
+    fn mode(self) -> rdma_transport::PollMode {
+        match self {
+            PollModeArg::Adaptive => rdma_transport::PollMode::Adaptive,
+            PollModeArg::Fixed => rdma_transport::PollMode::Fixed,
+            PollModeArg::Spin => rdma_transport::PollMode::Spin,
+        }
+    }
+}
+
 impl Args {
     /// The RDMA transport settings of the server's (`server`) or the
     /// clients' end, when an option changes them.
@@ -276,6 +291,7 @@ impl Args {
             && !self.no_write_imm
             && !self.no_memory_on_demand
             && poll_mode.is_none()
+            && self.one_sided_poll_mode.is_none()
             && self.busy_poll_us.is_none()
             && self.initial_slots.is_none()
         {
@@ -289,12 +305,8 @@ impl Args {
             rendezvous_buffers: self.rdv_buffers.unwrap_or(d.rendezvous_buffers),
             write_with_imm: !self.no_write_imm,
             memory_on_demand: !self.no_memory_on_demand,
-            poll_mode: match poll_mode {
-                None => d.poll_mode,
-                Some(PollModeArg::Adaptive) => rdma_transport::PollMode::Adaptive,
-                Some(PollModeArg::Fixed) => rdma_transport::PollMode::Fixed,
-                Some(PollModeArg::Spin) => rdma_transport::PollMode::Spin,
-            },
+            poll_mode: poll_mode.map_or(d.poll_mode, PollModeArg::mode),
+            one_sided_poll_mode: self.one_sided_poll_mode.map(PollModeArg::mode),
             busy_poll: self
                 .busy_poll_us
                 .map_or(d.busy_poll, std::time::Duration::from_micros),

@@ -14,7 +14,7 @@
 //!   failure flushes everything and hands the flushed operations back for
 //!   one retry on a fresh queue pair (§10.3).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -272,7 +272,7 @@ fn start(
     };
     let task = SideTask {
         sq: Some(SideQp::new(qp, scratch)),
-        inflight: HashMap::new(),
+        inflight: Inflight::default(),
         waiting: VecDeque::new(),
         rx,
         cq_afd,
@@ -285,7 +285,10 @@ fn start(
         in_use: shared.side_watch(),
         gen: link.gen,
         wcs: Vec::with_capacity(32),
-        mode: shared.cfg.poll_mode,
+        mode: shared
+            .cfg
+            .one_sided_poll_mode
+            .unwrap_or(shared.cfg.poll_mode),
         busy_poll: shared.cfg.busy_poll,
         iwarp,
         cause_known: false,
@@ -309,12 +312,32 @@ struct Posted {
     reply: oneshot::Sender<OpResult>,
 }
 
+/// The posted operations by work request id: at most [`SIDE_DEPTH`], so a
+/// short list (a lookup is a few compares, no hashing).
+#[derive(Default)]
+struct Inflight(Vec<(u64, Posted)>);
+
+impl Inflight {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn insert(&mut self, wr_id: u64, p: Posted) {
+        self.0.push((wr_id, p));
+    }
+
+    fn remove(&mut self, wr_id: &u64) -> Option<Posted> {
+        let i = self.0.iter().position(|(id, _)| id == wr_id)?;
+        Some(self.0.swap_remove(i).1)
+    }
+}
+
 /// The task of one side queue pair.
 struct SideTask {
     /// The QP and the posted buffers: first, so dropping the task destroys
     /// the QP before anything else goes. `None` once destroyed.
     sq: Option<SideQp>,
-    inflight: HashMap<u64, Posted>,
+    inflight: Inflight,
     waiting: VecDeque<Op>,
     rx: mpsc::UnboundedReceiver<Op>,
     cq_afd: CqFd,
@@ -330,7 +353,8 @@ struct SideTask {
     in_use: watch::Receiver<Option<SideLink>>,
     gen: u64,
     wcs: Vec<Wc>,
-    /// `Config::poll_mode` and `Config::busy_poll`: how long the task
+    /// `Config::one_sided_poll_mode` (else `poll_mode`) and
+    /// `Config::busy_poll`: how long the task
     /// polls while operations are posted before it sleeps ([`SideTask::spin`]).
     mode: PollMode,
     busy_poll: Duration,
@@ -488,7 +512,9 @@ impl SideTask {
             PollMode::Adaptive | PollMode::Fixed if self.busy_poll.is_zero() => return Ok(false),
             PollMode::Adaptive | PollMode::Fixed => Some(self.busy_poll),
         };
-        let start = std::time::Instant::now();
+        // Read the clock only with a budget: in a VM a clock read can be a
+        // system call.
+        let start = budget.map(|_| std::time::Instant::now());
         let mut polls: u32 = 0;
         loop {
             if self.poll()? > 0 {
@@ -510,8 +536,10 @@ impl SideTask {
                 if *self.closed.borrow() || replaced {
                     return Ok(false);
                 }
-                if budget.is_some_and(|b| start.elapsed() >= b) {
-                    return Ok(false);
+                if let (Some(b), Some(start)) = (budget, start) {
+                    if start.elapsed() >= b {
+                        return Ok(false);
+                    }
                 }
                 tokio::task::yield_now().await;
             }
