@@ -203,11 +203,13 @@ pub struct Config {
     /// its buffer on the fly. Counts against `global_max_registered_bytes`.
     /// Zero disables the cache. Default 16 MiB.
     pub one_sided_cache_bytes: usize,
-    /// How the side queue pair's task waits for the completions of
-    /// one-sided operations (wire protocol §10.5), when it differs from
-    /// `poll_mode`: `Some(PollMode::Spin)` polls without sleeping while an
-    /// operation is posted (and costs no CPU while none is), leaving the
-    /// connection's own driver as `poll_mode` says. Default `None`.
+    /// How the caller of a one-sided READ or WRITE waits for its
+    /// completion (wire protocol §10.5), when it differs from `poll_mode`:
+    /// `Some(PollMode::Spin)` polls the side CQ until the operation
+    /// completes (no sleep, no wake-up; CPU only while an operation is
+    /// posted); `Adaptive` and `Fixed` poll for `busy_poll`, then sleep.
+    /// The connection's own driver stays as `poll_mode` says. Default
+    /// `None`.
     pub one_sided_poll_mode: Option<PollMode>,
 }
 

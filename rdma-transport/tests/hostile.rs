@@ -1741,11 +1741,14 @@ mod one_sided {
             );
             println!("3 rounds: {retries} operations retried, {sides} side queue pairs opened");
             // Each round's refused READ took a side queue pair down (and
-            // was retried itself at least once on iWARP): the good
-            // operations in flight beside it were retried, and succeeded.
+            // was retried itself at least once on iWARP, where the NIC
+            // reports it by a flush; on InfiniBand and RoCE its status
+            // names it and it is not retried): the good operations in
+            // flight beside it were retried, and succeeded.
             assert!(sides >= 3, "{sides} side queue pairs");
+            let refused_retries = if iwarp() { 3 } else { 0 };
             assert!(
-                retries > 3,
+                retries > refused_retries,
                 "{retries} retries: no good operation was in flight"
             );
             let Exposable::Owned(b) = sink.revoke() else {

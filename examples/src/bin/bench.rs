@@ -535,6 +535,9 @@ struct CellResult {
     cpu_us_per_call: f64,
     /// Voluntary + involuntary context switches per call (whole process).
     ctx_switches_per_call: f64,
+    /// `remote-read`: side queue pairs opened and one-sided operations
+    /// retried during the cell (a failed side queue pair shows here).
+    one_sided: Option<(u64, u64)>,
     /// With `--server-threads`: CPU time of the server's threads per call.
     server_cpu_us_per_call: Option<f64>,
     /// Heap allocations per call (alloc, alloc_zeroed, realloc), client+server,
@@ -702,6 +705,7 @@ async fn run_cell(
         bytes_per_s: 0.0,
         cpu_us_per_call: 0.0,
         ctx_switches_per_call: 0.0,
+        one_sided: None,
         server_cpu_us_per_call: None,
         allocs_per_call: 0.0,
         alloc_bytes_per_call: 0.0,
@@ -786,6 +790,12 @@ async fn run_cell(
             result.bytes_per_s = result.calls_per_s * per_call_bytes as f64;
             result.cpu_us_per_call = (u1.cpu_us - u0.cpu_us) / nf;
             result.ctx_switches_per_call = (u1.csw - u0.csw) as f64 / nf;
+            if path == PathKind::RemoteRead {
+                result.one_sided = Some((
+                    rdma1.side_queue_pairs - rdma0.side_queue_pairs,
+                    rdma1.one_sided_retries - rdma0.one_sided_retries,
+                ));
+            }
             if args.server_threads.is_some()
                 && path != PathKind::Memory
                 && path != PathKind::DirectMemory
@@ -864,6 +874,12 @@ fn progress(r: &CellResult) {
             let mut extra = String::new();
             if let Some(c) = r.server_cpu_us_per_call {
                 let _ = write!(extra, ", server CPU {c:.1} µs/call");
+            }
+            if let Some((q, n)) = r.one_sided {
+                let _ = write!(
+                    extra,
+                    ", side queue pairs opened {q}, one-sided operations retried {n}"
+                );
             }
             if let Some(c) = &r.rdma {
                 let _ = write!(

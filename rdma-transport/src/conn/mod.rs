@@ -29,6 +29,7 @@ mod resources;
 mod setup;
 mod shared;
 mod side;
+mod side_core;
 mod spin;
 
 use std::net::SocketAddr;
@@ -48,6 +49,7 @@ pub use self::setup::{connect, connect_from, connect_with_ticket};
 pub(crate) use self::side::open_side;
 #[cfg(feature = "test-util")]
 pub(crate) use self::side::raw_side_request;
+pub(crate) use self::side_core::SideCore;
 // The setup steps `testing::RawPeer` takes as `connect` does.
 #[cfg(feature = "test-util")]
 pub(crate) use self::events::{next_event, CmFd};

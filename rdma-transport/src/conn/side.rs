@@ -8,29 +8,29 @@
 //!   side flag and the token the listener gave, §10.2),
 //! * [`accept_side`]: the listener side answers such a request, for the
 //!   connection the token belongs to,
-//! * the side task: owns the queue pair and every posted buffer until its
-//!   completion is polled (`crate::mem::SideQp`), posts at most
-//!   [`SIDE_DEPTH`] operations at a time and queues the rest, and on a
-//!   failure flushes everything and hands the flushed operations back for
-//!   one retry on a fresh queue pair (§10.3).
+//! * the side task: the backstop of the callers' waits (`side_core`: the
+//!   callers post and poll themselves, at most [`SIDE_DEPTH`] operations
+//!   posted at a time), and on a failure it flushes everything and hands
+//!   the flushed operations back for one retry on a fresh queue pair
+//!   (§10.3).
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use rdma_sys::rdma_cm_event_type as ev;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 
 use super::events::{event_name, next_event, status_text, CmFd, CqFd};
 use super::setup::resolve;
-use crate::config::{Config, PollMode};
+use super::side_core::{unavailable, SideCore};
+use crate::config::Config;
 use crate::engine::wire::SideToken;
 use crate::error::{Error, RejectReason, RemoteError};
-use crate::mem::{read_destination, MrUse, PostFail, SideQp, Transfer, UserMr, FENCED_WRITE};
-use crate::remote::{Op, OpResult, RemoteShared, SideLink};
+use crate::mem::{read_destination, MrUse, SideQp, UserMr};
+use crate::remote::{OpResult, RemoteShared, SideLink};
 use crate::verbs::cm::{CmId, EventChannel};
-use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps, Wc};
+use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps};
 
 /// READs and WRITEs posted on a side queue pair at a time; more wait in
 /// its task's queue.
@@ -48,15 +48,6 @@ fn read_depth(id: &CmId) -> u8 {
         16
     }
 }
-
-/// IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR.
-const WC_REM_INV_REQ_ERR: u32 = 9;
-const WC_REM_ACCESS_ERR: u32 = 10;
-/// Statuses of an operation the queue pair failed under (`ibv_wc_status`:
-/// LOC_QP_OP_ERR, WR_FLUSH_ERR, REM_OP_ERR, RETRY_EXC_ERR,
-/// RNR_RETRY_EXC_ERR, REM_ABORT_ERR, FATAL_ERR, RESP_TIMEOUT_ERR,
-/// GENERAL_ERR): siw reports a refused operation with some of them.
-const RETRYABLE: [u32; 9] = [2, 5, 11, 12, 13, 16, 19, 20, 21];
 
 /// Times a side connect retries with a fresh cm_id when iWARP finds its
 /// local port taken (as `connect` does, §9).
@@ -98,10 +89,6 @@ impl SideRegistry {
             .and_then(|(_, w)| w.upgrade())
             .filter(|s| !s.is_closed())
     }
-}
-
-fn unavailable(why: impl Into<String>) -> Error {
-    Error::Remote(RemoteError::Unavailable(why.into()))
 }
 
 /// The CQ and QP of a side queue pair on `id`, in the exposure PD `pd`.
@@ -265,34 +252,27 @@ fn start(
         shared.cfg.global_max_registered_bytes,
     )?;
     let cq_afd = async_fd(cq.clone())?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    let link = SideLink {
-        tx,
-        gen: shared.next_gen(),
-    };
-    let task = SideTask {
-        sq: Some(SideQp::new(qp, scratch)),
-        inflight: Inflight::default(),
-        waiting: VecDeque::new(),
-        rx,
-        cq_afd,
+    let core = Arc::new(SideCore::new(
+        SideQp::new(qp, scratch),
         cq,
+        shared.next_gen(),
+        iwarp,
+        shared
+            .cfg
+            .one_sided_poll_mode
+            .unwrap_or(shared.cfg.poll_mode),
+        shared.cfg.busy_poll,
+    ));
+    let link = SideLink { core: core.clone() };
+    let task = SideTask {
+        core,
+        cq_afd,
         cm_afd,
         id,
         chan,
         shared: Arc::downgrade(shared),
         closed: shared.closed_watch(),
         in_use: shared.side_watch(),
-        gen: link.gen,
-        wcs: Vec::with_capacity(32),
-        mode: shared
-            .cfg
-            .one_sided_poll_mode
-            .unwrap_or(shared.cfg.poll_mode),
-        busy_poll: shared.cfg.busy_poll,
-        iwarp,
-        cause_known: false,
-        failed: Vec::new(),
     };
     crate::stats::GLOBAL
         .side_queue_pairs
@@ -306,42 +286,15 @@ fn start(
     Ok(link)
 }
 
-/// What the side task keeps of a posted operation (its buffer is in the
-/// `SideQp`).
-struct Posted {
-    reply: oneshot::Sender<OpResult>,
-}
-
-/// The posted operations by work request id: at most [`SIDE_DEPTH`], so a
-/// short list (a lookup is a few compares, no hashing).
-#[derive(Default)]
-struct Inflight(Vec<(u64, Posted)>);
-
-impl Inflight {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn insert(&mut self, wr_id: u64, p: Posted) {
-        self.0.push((wr_id, p));
-    }
-
-    fn remove(&mut self, wr_id: &u64) -> Option<Posted> {
-        let i = self.0.iter().position(|(id, _)| id == wr_id)?;
-        Some(self.0.swap_remove(i).1)
-    }
-}
-
-/// The task of one side queue pair.
+/// The task of one side queue pair: the backstop of its callers' waits
+/// (it sleeps on the completion channel for operations no caller polls
+/// for, `side_core`), the watcher of its connection events, and its
+/// shutdown.
 struct SideTask {
-    /// The QP and the posted buffers: first, so dropping the task destroys
-    /// the QP before anything else goes. `None` once destroyed.
-    sq: Option<SideQp>,
-    inflight: Inflight,
-    waiting: VecDeque<Op>,
-    rx: mpsc::UnboundedReceiver<Op>,
+    /// Holds the QP and the posted buffers: dropping the task (and every
+    /// link) destroys the QP before anything else goes.
+    core: Arc<SideCore>,
     cq_afd: CqFd,
-    cq: Arc<Cq>,
     cm_afd: CmFd,
     id: Arc<CmId>,
     chan: Arc<EventChannel>,
@@ -351,21 +304,6 @@ struct SideTask {
     /// active side opened another), this one stops, so a peer cannot make
     /// the listener side keep more than one per connection.
     in_use: watch::Receiver<Option<SideLink>>,
-    gen: u64,
-    wcs: Vec<Wc>,
-    /// `Config::one_sided_poll_mode` (else `poll_mode`) and
-    /// `Config::busy_poll`: how long the task
-    /// polls while operations are posted before it sleeps ([`SideTask::spin`]).
-    mode: PollMode,
-    busy_poll: Duration,
-    /// iWARP: WRITEs are fenced (`SideQp::post`).
-    iwarp: bool,
-    /// Why the queue pair failed is known (a status named the operation,
-    /// or it was closed or replaced): no flushed operation is suspected.
-    cause_known: bool,
-    /// Operations that failed because the queue pair failed, answered at
-    /// the shutdown.
-    failed: Vec<(u64, UserMr, Posted)>,
 }
 
 impl SideTask {
@@ -374,209 +312,54 @@ impl SideTask {
         self.shutdown(why).await;
     }
 
-    fn next_wr(&self) -> u64 {
-        self.shared.upgrade().map_or(0, |s| s.next_wr())
-    }
-
-    /// Posts waiting operations while fewer than [`SIDE_DEPTH`] are posted.
-    fn post_waiting(&mut self) -> Result<(), Error> {
-        while self.inflight.len() < SIDE_DEPTH as usize {
-            let Some(op) = self.waiting.pop_front() else {
-                break;
-            };
-            if op.reply.is_closed() {
-                // Its caller is gone and it was never posted: drop it.
-                continue;
-            }
-            let wr_id = self.next_wr();
-            let Some(sq) = self.sq.as_mut() else {
-                self.waiting.push_front(op);
-                return Err(unavailable("the side queue pair is gone"));
-            };
-            let t = Transfer {
-                read: op.read,
-                len: op.len,
-                remote_addr: op.remote_addr,
-                rkey: op.rkey,
-            };
-            match sq.post(wr_id, self.iwarp, op.local, t) {
-                Ok(()) => {
-                    self.inflight.insert(wr_id, Posted { reply: op.reply });
-                }
-                Err(b) => match *b {
-                    PostFail::NotPosted(local, e) => {
-                        // Not posted: the QP failed (or refused the
-                        // request); the operation goes back for a retry.
-                        self.waiting.push_front(Op { local, ..op });
-                        return Err(e);
-                    }
-                    PostFail::Posted(e) => {
-                        // Posted without its fence: answered when the QP's
-                        // flush (or destruction) gives its buffer back.
-                        self.inflight.insert(wr_id, Posted { reply: op.reply });
-                        return Err(e);
-                    }
-                },
-            }
-        }
-        Ok(())
-    }
-
-    /// Handles polled completions; `Err` after a failed one: the queue
-    /// pair is in the error state. A completed operation is answered at
-    /// once; one that failed because the queue pair failed is kept in
-    /// `failed` until the shutdown, which decides which one caused it.
-    fn complete(&mut self) -> Result<(), Error> {
-        let mut err = None;
-        for i in 0..self.wcs.len() {
-            let mut wc = self.wcs[i];
-            if wc.wr_id & FENCED_WRITE != 0 {
-                if wc.status == 0 {
-                    // The operation completes with its fence READ.
-                    continue;
-                }
-                wc.wr_id &= !FENCED_WRITE;
-            }
-            let local = self.sq.as_mut().and_then(|sq| sq.complete(wc.wr_id));
-            let Some(p) = self.inflight.remove(&wc.wr_id) else {
-                continue;
-            };
-            let Some(local) = local else { continue };
-            if wc.status == 0 {
-                let _ = p.reply.send(OpResult::Done(local));
-                continue;
-            }
-            let status = Cq::status_str(wc.status);
-            tracing::debug!(
-                "side queue pair {}: {} failed: {status} (status {})",
-                self.gen,
-                if local.is_read_destination() {
-                    "READ"
-                } else {
-                    "WRITE"
-                },
-                wc.status
-            );
-            err = Some(unavailable(format!("side queue pair failed: {status}")));
-            match wc.status {
-                // The peer's NIC refused this very operation (InfiniBand,
-                // RoCE): the cause is known.
-                WC_REM_ACCESS_ERR | WC_REM_INV_REQ_ERR => {
-                    self.cause_known = true;
-                    let e = Error::Remote(RemoteError::Refused { status });
-                    let _ = p.reply.send(OpResult::Failed(e));
-                }
-                // The queue pair failed under it (flushed, terminated, the
-                // peer gone): retried, unless it turns out to be the cause.
-                s if RETRYABLE.contains(&s) => self.failed.push((wc.wr_id, local, p)),
-                // A local error: a fault of ours, not retried.
-                s => {
-                    self.cause_known = true;
-                    let e =
-                        unavailable(format!("the side queue pair failed: {status} (status {s})"));
-                    let _ = p.reply.send(OpResult::Failed(e));
-                }
-            }
-        }
-        err.map_or(Ok(()), Err)
-    }
-
-    fn poll(&mut self) -> Result<usize, Error> {
-        let mut total = 0;
-        loop {
-            self.wcs.clear();
-            let n = self.cq.poll(&mut self.wcs, 32)?;
-            total += n;
-            self.complete()?;
-            if n == 0 {
-                return Ok(total);
-            }
+    /// Posts what callers queued and polls what completed; whether
+    /// anything is posted. `Err` once the queue pair failed.
+    fn step(&self) -> Result<bool, Error> {
+        let core = &self.core;
+        let mut st = core.lock();
+        core.post_queued(&mut st);
+        core.poll_locked(&mut st);
+        match st.take_failure() {
+            Some(e) => Err(e),
+            None => Ok(st.expecting()),
         }
     }
 
-    /// Whether a completion is expected: something is posted.
-    fn expecting(&self) -> bool {
-        self.sq.as_ref().is_some_and(|sq| sq.outstanding() > 0)
-    }
-
-    /// While operations are posted, polls the CQ (and takes new
-    /// operations) before the task sleeps on the completion channel (§10.5):
-    /// for `busy_poll` in the `Adaptive` and `Fixed` modes, for as long as
-    /// anything is posted in the `Spin` mode, letting the runtime run other
-    /// tasks every few polls. `true` when it found work; `false` when the
-    /// budget ran out or the task must look at its other events (closed,
-    /// replaced, every handle gone).
-    async fn spin(&mut self) -> Result<bool, Error> {
-        let budget = match self.mode {
-            PollMode::Spin => None,
-            PollMode::Adaptive | PollMode::Fixed if self.busy_poll.is_zero() => return Ok(false),
-            PollMode::Adaptive | PollMode::Fixed => Some(self.busy_poll),
-        };
-        // Read the clock only with a budget: in a VM a clock read can be a
-        // system call.
-        let start = budget.map(|_| std::time::Instant::now());
-        let mut polls: u32 = 0;
-        loop {
-            if self.poll()? > 0 {
-                return Ok(true);
-            }
-            if self.inflight.len() < SIDE_DEPTH as usize {
-                match self.rx.try_recv() {
-                    Ok(op) => {
-                        self.waiting.push_back(op);
-                        return Ok(true);
-                    }
-                    Err(mpsc::error::TryRecvError::Empty) => {}
-                    Err(mpsc::error::TryRecvError::Disconnected) => return Ok(false),
-                }
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(32) {
-                let replaced = self.in_use.borrow().as_ref().map(|l| l.gen) != Some(self.gen);
-                if *self.closed.borrow() || replaced {
-                    return Ok(false);
-                }
-                if let (Some(b), Some(start)) = (budget, start) {
-                    if start.elapsed() >= b {
-                        return Ok(false);
-                    }
-                }
-                tokio::task::yield_now().await;
-            }
+    /// Arms the completion channel while anything is posted, then polls
+    /// again (a completion before the arm raises no event); `true` if
+    /// that found one. `Err` once the queue pair failed.
+    fn arm(&self) -> Result<bool, Error> {
+        let core = &self.core;
+        let mut st = core.lock();
+        if !st.expecting() {
+            // Nothing posted: no completion can come, the channel stays
+            // unarmed (arming is a system call on some devices).
+            return Ok(false);
+        }
+        core.cq.arm()?;
+        let found = core.poll_locked(&mut st) > 0;
+        match st.take_failure() {
+            Some(e) => Err(e),
+            None => Ok(found),
         }
     }
 
     async fn main_loop(&mut self) -> Result<(), Error> {
-        let gen = self.gen;
+        let gen = self.core.gen;
         loop {
-            self.post_waiting()?;
-            if self.poll()? > 0 {
+            if self.step()? && self.core.spin().await {
                 continue;
             }
-            // Nothing posted: no completion can come, the channel stays
-            // unarmed (arming is a system call on some devices).
-            if self.expecting() {
-                if self.spin().await? {
-                    continue;
-                }
-                self.cq.arm()?;
-                // A completion between the poll and the arm raises no event.
-                if self.poll()? > 0 {
-                    continue;
-                }
+            if self.arm()? {
+                continue;
             }
-            let room = self.inflight.len() < SIDE_DEPTH as usize;
             tokio::select! {
                 g = self.cq_afd.readable() => {
                     let mut g = g.map_err(|e| super::io_err("AsyncFd(side cq)", e))?;
                     g.clear_ready();
-                    self.cq.consume_events()?;
+                    self.core.cq.consume_events()?;
                 }
-                op = self.rx.recv(), if room => match op {
-                    Some(op) => self.waiting.push_back(op),
-                    // Every handle is gone: nobody can use this side.
-                    None => return Ok(()),
-                },
+                _ = self.core.kick.notified() => {}
                 e = next_event(&self.chan, &self.cm_afd) => {
                     let e = e?;
                     match e.kind {
@@ -587,7 +370,9 @@ impl SideTask {
                     }
                 }
                 _ = self.closed.wait_for(|c| *c) => return Ok(()),
-                _ = self.in_use.wait_for(|l| l.as_ref().map(|l| l.gen) != Some(gen)) => {
+                // Replaced by a newer one, or every handle gone (the
+                // connection's state dropped its sender).
+                _ = self.in_use.wait_for(|l| l.as_ref().map(|l| l.gen()) != Some(gen)) => {
                     return Ok(())
                 }
             }
@@ -598,55 +383,72 @@ impl SideTask {
     /// (disconnect), everything posted flushed and answered, the QP
     /// destroyed before any buffer is freed. `why`: `Ok` when closing, the
     /// failure otherwise.
-    async fn shutdown(mut self, why: Result<(), Error>) {
+    async fn shutdown(self, why: Result<(), Error>) {
+        let core = &self.core;
         let shared = self.shared.upgrade();
         if let Some(s) = &shared {
-            s.side_failed(self.gen);
+            s.side_failed(core.gen);
         }
-        if why.is_ok() {
-            // Closed or replaced: no operation caused it.
-            self.cause_known = true;
+        {
+            let mut st = core.lock();
+            // From here no operation is taken: what is queued is answered.
+            st.ended = true;
+            if why.is_ok() {
+                // Closed or replaced: no operation caused it.
+                st.cause_known = true;
+            }
+            if let Some(sq) = &st.sq {
+                let _ = sq.to_error();
+            }
         }
         if let Err(e) = &why {
-            tracing::debug!("rdma side queue pair {} ends: {e}", self.gen);
-        }
-        // From here no operation can be queued: what is queued is answered.
-        self.rx.close();
-        while let Ok(op) = self.rx.try_recv() {
-            self.waiting.push_back(op);
+            tracing::debug!("rdma side queue pair {} ends: {e}", core.gen);
         }
         let _ = self.id.disconnect();
-        if let Some(sq) = &self.sq {
-            let _ = sq.to_error();
-        }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-        while self.sq.as_ref().is_some_and(|sq| sq.outstanding() > 0)
-            && tokio::time::Instant::now() < deadline
-        {
-            if let Ok(0) | Err(_) = self.poll() {
-                tokio::time::sleep(Duration::from_millis(2)).await;
+        loop {
+            let outstanding = {
+                let mut st = core.lock();
+                // Flushed completions are collected even after a failure.
+                st.broken = None;
+                core.poll_locked(&mut st);
+                st.broken = None;
+                st.sq.as_ref().map_or(0, |sq| sq.outstanding())
+            };
+            if outstanding == 0 || tokio::time::Instant::now() >= deadline {
+                break;
             }
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        // The QP goes before any buffer still posted (now safe to free).
-        if let Some(sq) = self.sq.take() {
-            for (wr_id, local) in sq.destroy() {
-                if let Some(p) = self.inflight.remove(&wr_id) {
-                    self.failed.push((wr_id, local, p));
+        let (failed, waiting, cause_known) = {
+            let mut st = core.lock();
+            // The QP goes before any buffer still posted (now safe to free).
+            if let Some(sq) = st.sq.take() {
+                for (wr_id, local) in sq.destroy() {
+                    if let Some(p) = st.take_inflight(wr_id) {
+                        st.failed.push((wr_id, local, p));
+                    }
                 }
             }
-        }
+            (
+                std::mem::take(&mut st.failed),
+                std::mem::take(&mut st.waiting),
+                st.cause_known,
+            )
+        };
         // Posting order: the oldest operation the queue pair did not
         // complete is the likely cause of its failure (§10.3), unless a
         // status named the cause or none is needed (closed, replaced).
-        self.failed.sort_by_key(|(wr_id, _, _)| *wr_id);
-        for (i, (_, local, p)) in self.failed.drain(..).enumerate() {
-            let first = i == 0 && !self.cause_known;
+        let mut failed = failed;
+        failed.sort_by_key(|(wr_id, _, _)| *wr_id);
+        for (i, (_, local, p)) in failed.into_iter().enumerate() {
+            let first = i == 0 && !cause_known;
             let _ = p.reply.send(OpResult::Flushed(local, first));
         }
-        for op in self.waiting.drain(..) {
+        for op in waiting {
             let _ = op.reply.send(OpResult::Flushed(op.local, false));
         }
-        let _ = self.cq.consume_events();
+        let _ = core.cq.consume_events();
         if why.is_err() {
             if let Some(s) = shared {
                 s.reopen_later();

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 use crate::config::Config;
+use crate::conn::SideCore;
 use crate::engine::wire::{Hello, SideToken};
 use crate::error::{Error, RemoteError, ResourceError};
 use crate::mem::{LocalCache, UserMr};
@@ -30,8 +31,8 @@ pub(crate) enum Role {
     Passive,
 }
 
-/// One READ or WRITE handed to a side queue pair's task, which owns it
-/// (and its buffer) until its completion is polled.
+/// One READ or WRITE handed to a side queue pair, which owns it (and its
+/// buffer) until its completion is polled.
 pub(crate) struct Op {
     pub(crate) read: bool,
     pub(crate) local: UserMr,
@@ -54,11 +55,18 @@ pub(crate) enum OpResult {
     Failed(Error),
 }
 
-/// A live side queue pair: its task's queue, and its generation.
+/// A live side queue pair: its operations, which callers post and poll
+/// themselves (`conn::side_core`).
 #[derive(Clone)]
 pub(crate) struct SideLink {
-    pub(crate) tx: mpsc::UnboundedSender<Op>,
-    pub(crate) gen: u64,
+    pub(crate) core: Arc<SideCore>,
+}
+
+impl SideLink {
+    /// The side queue pair's generation (which one of the connection's).
+    pub(crate) fn gen(&self) -> u64 {
+        self.core.gen
+    }
 }
 
 /// The one-sided state of one connection, shared by its [`RemoteMemory`]
@@ -84,8 +92,6 @@ pub(crate) struct RemoteShared {
     open_lock: tokio::sync::Mutex<()>,
     closed: watch::Sender<bool>,
     next_gen: AtomicU64,
-    /// Work request ids for the side queue pairs' READs and WRITEs.
-    next_wr: AtomicU64,
 }
 
 /// Bytes counted against `Config::max_exposed_bytes`, given back on drop.
@@ -121,7 +127,6 @@ impl RemoteShared {
             open_lock: tokio::sync::Mutex::new(()),
             closed: watch::Sender::new(false),
             next_gen: AtomicU64::new(1),
-            next_wr: AtomicU64::new(1),
         })
     }
 
@@ -235,10 +240,6 @@ impl RemoteShared {
         self.next_gen.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn next_wr(&self) -> u64 {
-        self.next_wr.fetch_add(1, Ordering::Relaxed)
-    }
-
     /// Makes `link` the side queue pair in use (unless closed meanwhile:
     /// then `false`, and the caller's task stops).
     pub(crate) fn install(&self, link: SideLink) -> bool {
@@ -257,7 +258,7 @@ impl RemoteShared {
     /// The side queue pair of generation `gen` failed: no longer in use.
     pub(crate) fn side_failed(&self, gen: u64) {
         self.side.send_if_modified(|s| {
-            if s.as_ref().is_some_and(|l| l.gen == gen) {
+            if s.as_ref().is_some_and(|l| l.gen() == gen) {
                 *s = None;
                 true
             } else {
@@ -270,7 +271,7 @@ impl RemoteShared {
         self.side
             .borrow()
             .as_ref()
-            .filter(|l| Some(l.gen) != not)
+            .filter(|l| Some(l.gen()) != not)
             .cloned()
     }
 
@@ -297,7 +298,7 @@ impl RemoteShared {
                 let mut closed = self.closed.subscribe();
                 let wait = async {
                     tokio::select! {
-                        r = rx.wait_for(|s| s.as_ref().is_some_and(|l| Some(l.gen) != not)) => {
+                        r = rx.wait_for(|s| s.as_ref().is_some_and(|l| Some(l.gen()) != not)) => {
                             r.ok().and_then(|s| s.clone())
                         }
                         _ = closed.wait_for(|c| *c) => None,
@@ -351,17 +352,20 @@ impl RemoteShared {
                 rkey,
                 reply: tx,
             };
-            if let Err(mpsc::error::SendError(op)) = link.tx.send(op) {
-                // Its task ended: the queue pair failed before we posted.
-                local = op.local;
-                failed = Some(link.gen);
-                continue;
-            }
-            match rx.await {
+            let poller = match link.core.submit(op) {
+                Ok(p) => p,
+                Err(op) => {
+                    // The queue pair failed before we posted.
+                    local = op.local;
+                    failed = Some(link.gen());
+                    continue;
+                }
+            };
+            match link.core.wait(rx, poller).await {
                 Ok(OpResult::Done(l)) => return Ok(l),
                 Ok(OpResult::Flushed(l, first)) => {
                     local = l;
-                    failed = Some(link.gen);
+                    failed = Some(link.gen());
                     if first {
                         first_failures += 1;
                         if first_failures == 2 {

@@ -1,0 +1,488 @@
+//! The operations of one side queue pair (wire protocol §10.2, §10.5):
+//! what the callers of READs and WRITEs and the side queue pair's task
+//! share, under one lock.
+//!
+//! A caller posts its operation itself ([`SideCore::submit`]) and, if no
+//! other caller is doing so, polls the side CQ itself while it waits
+//! ([`SideCore::wait`]): in the `Spin` mode until its operation completes,
+//! otherwise for `busy_poll`. Whoever polls answers every operation it
+//! finds completed. The other callers, and a poller that stops with
+//! operations still posted (its budget ran out, its future was dropped,
+//! others are in flight), hand the wait to the side task, which arms the
+//! completion channel and sleeps on it. So one operation in flight costs
+//! no task switch, no channel hop and no system call beyond its post.
+//!
+//! A posted buffer stays in the [`SideQp`] until its completion is polled
+//! or the queue pair is destroyed, whoever polls and whatever happens to
+//! the caller's future.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, Notify};
+
+use super::side::SIDE_DEPTH;
+use crate::config::PollMode;
+use crate::error::{Error, RemoteError};
+use crate::mem::{PostFail, SideQp, Transfer, UserMr, FENCED_WRITE};
+use crate::remote::{Op, OpResult};
+use crate::verbs::{Cq, Wc};
+
+/// IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR.
+const WC_REM_INV_REQ_ERR: u32 = 9;
+const WC_REM_ACCESS_ERR: u32 = 10;
+/// Statuses of an operation the queue pair failed under (`ibv_wc_status`:
+/// LOC_QP_OP_ERR, WR_FLUSH_ERR, REM_OP_ERR, RETRY_EXC_ERR,
+/// RNR_RETRY_EXC_ERR, REM_ABORT_ERR, FATAL_ERR, RESP_TIMEOUT_ERR,
+/// GENERAL_ERR): siw reports a refused operation with some of them.
+const RETRYABLE: [u32; 9] = [2, 5, 11, 12, 13, 16, 19, 20, 21];
+
+/// Polls between two looks at the clock and two yields to the runtime
+/// while a caller waits.
+const POLLS_PER_YIELD: u32 = 32;
+
+pub(crate) fn unavailable(why: impl Into<String>) -> Error {
+    Error::Remote(RemoteError::Unavailable(why.into()))
+}
+
+/// What is kept of a posted operation (its buffer is in the `SideQp`).
+pub(crate) struct Posted {
+    pub(crate) reply: oneshot::Sender<OpResult>,
+}
+
+/// The posted operations by work request id: at most [`SIDE_DEPTH`], so a
+/// short list (a lookup is a few compares, no hashing).
+#[derive(Default)]
+struct Inflight(Vec<(u64, Posted)>);
+
+impl Inflight {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn insert(&mut self, wr_id: u64, p: Posted) {
+        self.0.push((wr_id, p));
+    }
+
+    fn remove(&mut self, wr_id: &u64) -> Option<Posted> {
+        let i = self.0.iter().position(|(id, _)| id == wr_id)?;
+        Some(self.0.swap_remove(i).1)
+    }
+}
+
+/// The state of one side queue pair, under [`SideCore`]'s lock.
+pub(crate) struct SideState {
+    /// The QP and the posted buffers. `None` once destroyed.
+    pub(crate) sq: Option<SideQp>,
+    inflight: Inflight,
+    /// Operations not posted yet (more than [`SIDE_DEPTH`] at a time).
+    pub(crate) waiting: VecDeque<Op>,
+    wcs: Vec<Wc>,
+    next_wr: u64,
+    /// iWARP: WRITEs are fenced (`SideQp::post`).
+    iwarp: bool,
+    /// Why the queue pair failed is known (a status named the operation,
+    /// or it was closed or replaced): no flushed operation is suspected.
+    pub(crate) cause_known: bool,
+    /// Operations that failed because the queue pair failed, answered at
+    /// the shutdown.
+    pub(crate) failed: Vec<(u64, UserMr, Posted)>,
+    /// Why the queue pair failed, for its task (which shuts it down).
+    pub(crate) broken: Option<Error>,
+    /// The task shuts the queue pair down: no operation is taken any more.
+    pub(crate) ended: bool,
+}
+
+impl SideState {
+    /// Posts waiting operations while fewer than [`SIDE_DEPTH`] are posted.
+    fn post_waiting(&mut self) -> Result<(), Error> {
+        while self.inflight.len() < SIDE_DEPTH as usize {
+            let Some(op) = self.waiting.pop_front() else {
+                break;
+            };
+            if op.reply.is_closed() {
+                // Its caller is gone and it was never posted: drop it.
+                continue;
+            }
+            let wr_id = self.next_wr;
+            self.next_wr += 1;
+            let Some(sq) = self.sq.as_mut() else {
+                self.waiting.push_front(op);
+                return Err(unavailable("the side queue pair is gone"));
+            };
+            let t = Transfer {
+                read: op.read,
+                len: op.len,
+                remote_addr: op.remote_addr,
+                rkey: op.rkey,
+            };
+            match sq.post(wr_id, self.iwarp, op.local, t) {
+                Ok(()) => self.inflight.insert(wr_id, Posted { reply: op.reply }),
+                Err(b) => match *b {
+                    PostFail::NotPosted(local, e) => {
+                        // Not posted: the QP failed (or refused the
+                        // request); the operation goes back for a retry.
+                        self.waiting.push_front(Op { local, ..op });
+                        return Err(e);
+                    }
+                    PostFail::Posted(e) => {
+                        // Posted without its fence: answered when the QP's
+                        // flush (or destruction) gives its buffer back.
+                        self.inflight.insert(wr_id, Posted { reply: op.reply });
+                        return Err(e);
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles polled completions; `Err` after a failed one: the queue
+    /// pair is in the error state. A completed operation is answered at
+    /// once; one that failed because the queue pair failed is kept in
+    /// `failed` until the shutdown, which decides which one caused it.
+    fn complete(&mut self, gen: u64) -> Result<(), Error> {
+        let mut err = None;
+        for i in 0..self.wcs.len() {
+            let mut wc = self.wcs[i];
+            if wc.wr_id & FENCED_WRITE != 0 {
+                if wc.status == 0 {
+                    // The operation completes with its fence READ.
+                    continue;
+                }
+                wc.wr_id &= !FENCED_WRITE;
+            }
+            let local = self.sq.as_mut().and_then(|sq| sq.complete(wc.wr_id));
+            let Some(p) = self.inflight.remove(&wc.wr_id) else {
+                continue;
+            };
+            let Some(local) = local else { continue };
+            if wc.status == 0 {
+                let _ = p.reply.send(OpResult::Done(local));
+                continue;
+            }
+            let status = Cq::status_str(wc.status);
+            tracing::debug!(
+                "side queue pair {gen}: {} failed: {status} (status {})",
+                if local.is_read_destination() {
+                    "READ"
+                } else {
+                    "WRITE"
+                },
+                wc.status
+            );
+            err = Some(unavailable(format!("side queue pair failed: {status}")));
+            match wc.status {
+                // The peer's NIC refused this very operation (InfiniBand,
+                // RoCE): the cause is known.
+                WC_REM_ACCESS_ERR | WC_REM_INV_REQ_ERR => {
+                    self.cause_known = true;
+                    let e = Error::Remote(RemoteError::Refused { status });
+                    let _ = p.reply.send(OpResult::Failed(e));
+                }
+                // The queue pair failed under it (flushed, terminated, the
+                // peer gone): retried, unless it turns out to be the cause.
+                s if RETRYABLE.contains(&s) => self.failed.push((wc.wr_id, local, p)),
+                // A local error: a fault of ours, not retried.
+                s => {
+                    self.cause_known = true;
+                    let e =
+                        unavailable(format!("the side queue pair failed: {status} (status {s})"));
+                    let _ = p.reply.send(OpResult::Failed(e));
+                }
+            }
+        }
+        err.map_or(Ok(()), Err)
+    }
+
+    /// Whether a completion is expected: something is posted.
+    pub(crate) fn expecting(&self) -> bool {
+        self.sq.as_ref().is_some_and(|sq| sq.outstanding() > 0)
+    }
+
+    /// Why the queue pair failed, if it did; from here it takes no
+    /// operation (its task shuts it down).
+    pub(crate) fn take_failure(&mut self) -> Option<Error> {
+        let e = self.broken.take()?;
+        self.ended = true;
+        Some(e)
+    }
+
+    /// The posted operation `wr_id`, taken out (the shutdown, after the QP
+    /// was destroyed, answers it).
+    pub(crate) fn take_inflight(&mut self, wr_id: u64) -> Option<Posted> {
+        self.inflight.remove(&wr_id)
+    }
+}
+
+/// One side queue pair's operations, shared by its callers (through the
+/// [`SideLink`](crate::remote::SideLink)) and its task.
+pub(crate) struct SideCore {
+    state: Mutex<SideState>,
+    pub(crate) cq: Arc<Cq>,
+    pub(crate) gen: u64,
+    /// `Config::one_sided_poll_mode` (else `poll_mode`) and
+    /// `Config::busy_poll`: how long a caller polls before it leaves the
+    /// wait to the task.
+    mode: PollMode,
+    busy_poll: Duration,
+    /// Wakes the task: an operation is posted that no caller polls for,
+    /// or the queue pair failed.
+    pub(crate) kick: Notify,
+    /// A caller polls the CQ ([`SideCore::wait`]).
+    polling: AtomicBool,
+}
+
+impl SideCore {
+    pub(crate) fn new(
+        sq: SideQp,
+        cq: Arc<Cq>,
+        gen: u64,
+        iwarp: bool,
+        mode: PollMode,
+        busy_poll: Duration,
+    ) -> SideCore {
+        SideCore {
+            state: Mutex::new(SideState {
+                sq: Some(sq),
+                inflight: Inflight::default(),
+                waiting: VecDeque::new(),
+                wcs: Vec::with_capacity(32),
+                next_wr: 1,
+                iwarp,
+                cause_known: false,
+                failed: Vec::new(),
+                broken: None,
+                ended: false,
+            }),
+            cq,
+            gen,
+            mode,
+            busy_poll,
+            kick: Notify::new(),
+            polling: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SideState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the queue pair failed (the first cause is kept) and wakes
+    /// its task, which shuts it down.
+    fn fail(&self, st: &mut SideState, e: Error) {
+        if st.broken.is_none() {
+            st.broken = Some(e);
+        }
+        self.kick.notify_one();
+    }
+
+    /// Takes `op`: when nothing else is posted or waiting and no caller
+    /// polls, posts it at once and makes its caller the poller (`Ok(true)`:
+    /// the caller polls in [`SideCore::wait`]); otherwise queues it for
+    /// the task, which posts and polls for it (`Ok(false)`). `Err` gives it
+    /// back when the queue pair no longer takes operations (its task is
+    /// shutting it down).
+    pub(crate) fn submit(&self, op: Op) -> Result<bool, Box<Op>> {
+        let mut st = self.lock();
+        if st.ended || st.broken.is_some() {
+            return Err(Box::new(op));
+        }
+        let alone = self.budget() != Some(Duration::ZERO)
+            && st.inflight.len() == 0
+            && st.waiting.is_empty()
+            && !self.polling.swap(true, Ordering::Acquire);
+        st.waiting.push_back(op);
+        if !alone {
+            drop(st);
+            self.kick.notify_one();
+            return Ok(false);
+        }
+        if let Err(e) = st.post_waiting() {
+            // What was not posted is answered (flushed) by the shutdown.
+            self.fail(&mut st, e);
+        }
+        Ok(true)
+    }
+
+    /// Posts what callers queued (unless the queue pair is ending).
+    pub(crate) fn post_queued(&self, st: &mut SideState) {
+        if st.ended || st.broken.is_some() || st.waiting.is_empty() {
+            return;
+        }
+        if let Err(e) = st.post_waiting() {
+            self.fail(st, e);
+        }
+    }
+
+    /// How long a waiter polls: `None` for as long as it takes (`Spin`).
+    fn budget(&self) -> Option<Duration> {
+        match self.mode {
+            PollMode::Spin => None,
+            PollMode::Adaptive | PollMode::Fixed => Some(self.busy_poll),
+        }
+    }
+
+    /// Whether a caller polls the CQ ([`SideCore::wait`]).
+    pub(crate) fn caller_polls(&self) -> bool {
+        self.polling.load(Ordering::Acquire)
+    }
+
+    /// Polls the CQ (posting what waits) without sleeping while operations
+    /// are posted: for `busy_poll` in the `Adaptive` and `Fixed` modes, for
+    /// as long as anything is posted in the `Spin` mode, letting the
+    /// runtime run other tasks every few polls; not at all while a caller
+    /// polls. `true` when it found work.
+    pub(crate) async fn spin(&self) -> bool {
+        let budget = self.budget();
+        if budget == Some(Duration::ZERO) {
+            return false;
+        }
+        let start = budget.map(|_| Instant::now());
+        let mut polls: u32 = 0;
+        loop {
+            if self.caller_polls() {
+                return false;
+            }
+            {
+                let mut st = self.lock();
+                let can_post = !st.waiting.is_empty() && st.inflight.len() < SIDE_DEPTH as usize;
+                if st.ended || st.broken.is_some() || !st.expecting() || can_post {
+                    return true;
+                }
+                if self.poll_locked(&mut st) > 0 {
+                    return true;
+                }
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(POLLS_PER_YIELD) {
+                if let (Some(b), Some(start)) = (budget, start) {
+                    if start.elapsed() >= b {
+                        return false;
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Polls the CQ until it is empty, answering what completed, and posts
+    /// what waits; the number of completions. A failure marks the queue
+    /// pair failed for its task.
+    pub(crate) fn poll_locked(&self, st: &mut SideState) -> usize {
+        if st.broken.is_some() || st.sq.is_none() {
+            return 0;
+        }
+        let mut total = 0;
+        loop {
+            st.wcs.clear();
+            let n = match self.cq.poll(&mut st.wcs, 32) {
+                Ok(n) => n,
+                Err(e) => {
+                    self.fail(st, e);
+                    return total;
+                }
+            };
+            total += n;
+            if let Err(e) = st.complete(self.gen) {
+                self.fail(st, e);
+                return total;
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        if total > 0 && !st.ended {
+            if let Err(e) = st.post_waiting() {
+                self.fail(st, e);
+            }
+        }
+        total
+    }
+
+    /// Waits for the answer of an operation this caller submitted (§10.5).
+    /// The poller ([`SideCore::submit`]) polls the CQ itself (`Spin`: until
+    /// its answer comes; otherwise for `busy_poll`), letting the runtime
+    /// run other tasks every few polls; the others, and a poller that
+    /// stops with operations still posted, leave the wait to the task and
+    /// sleep. If a poller's future is dropped, the task takes the wait
+    /// over, so a posted buffer is always collected.
+    pub(crate) async fn wait(
+        &self,
+        mut rx: oneshot::Receiver<OpResult>,
+        poller: bool,
+    ) -> Result<OpResult, oneshot::error::RecvError> {
+        if !poller {
+            return rx.await;
+        }
+        let budget = self.budget();
+        let mut handover = Handover {
+            core: self,
+            kick: true,
+        };
+        // Read the clock only with a budget: in a VM a clock read can be a
+        // system call.
+        let start = budget.map(|_| Instant::now());
+        let mut polls: u32 = 0;
+        loop {
+            match rx.try_recv() {
+                Ok(r) => {
+                    handover.kick = false;
+                    return Ok(r);
+                }
+                Err(oneshot::error::TryRecvError::Closed) => {
+                    handover.kick = false;
+                    return rx.await;
+                }
+                Err(oneshot::error::TryRecvError::Empty) => {}
+            }
+            {
+                let st = match self.state.try_lock() {
+                    Ok(st) => Some(st),
+                    Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                    Err(std::sync::TryLockError::WouldBlock) => None,
+                };
+                if let Some(mut st) = st {
+                    if st.ended || st.broken.is_some() {
+                        break;
+                    }
+                    self.poll_locked(&mut st);
+                }
+            }
+            polls = polls.wrapping_add(1);
+            if polls.is_multiple_of(POLLS_PER_YIELD) {
+                if let (Some(b), Some(start)) = (budget, start) {
+                    if start.elapsed() >= b {
+                        break;
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+            std::hint::spin_loop();
+        }
+        drop(handover);
+        rx.await
+    }
+}
+
+/// The polling caller's turn ([`SideCore::wait`]): when it ends, another
+/// caller may poll; and the wait of what is still posted goes to the side
+/// task (always when the caller stopped before its answer came, including
+/// a dropped future; otherwise only if other operations are posted).
+struct Handover<'a> {
+    core: &'a SideCore,
+    /// Stopped before its answer came.
+    kick: bool,
+}
+
+impl Drop for Handover<'_> {
+    fn drop(&mut self) {
+        self.core.polling.store(false, Ordering::Release);
+        if self.kick || self.core.lock().expecting() {
+            self.core.kick.notify_one();
+        }
+    }
+}
