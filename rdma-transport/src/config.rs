@@ -203,13 +203,14 @@ pub struct Config {
     /// its buffer on the fly. Counts against `global_max_registered_bytes`.
     /// Zero disables the cache. Default 16 MiB.
     pub one_sided_cache_bytes: usize,
-    /// How the caller of a one-sided READ or WRITE waits for its
-    /// completion (wire protocol §10.5), when it differs from `poll_mode`:
-    /// `Some(PollMode::Spin)` polls the side CQ until the operation
-    /// completes (no sleep, no wake-up; CPU only while an operation is
-    /// posted); `Adaptive` and `Fixed` poll for `busy_poll`, then sleep.
-    /// The connection's own driver stays as `poll_mode` says. Default
-    /// `None`.
+    /// How the caller of a lone one-sided READ or WRITE (none other in
+    /// flight on the connection) waits for its completion (wire protocol
+    /// §10.5), when it differs from `poll_mode`: `Some(PollMode::Spin)`
+    /// polls the side CQ until the operation completes (no sleep, no
+    /// wake-up; CPU only while the operation is posted); `Adaptive` and
+    /// `Fixed` poll for `busy_poll`, then sleep. Operations beside others
+    /// wait on the completion channel. The connection's own driver stays
+    /// as `poll_mode` says. Default `None`.
     pub one_sided_poll_mode: Option<PollMode>,
 }
 

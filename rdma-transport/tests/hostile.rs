@@ -1746,7 +1746,7 @@ mod one_sided {
             // names it and it is not retried): the good operations in
             // flight beside it were retried, and succeeded.
             assert!(sides >= 3, "{sides} side queue pairs");
-            let refused_retries = if iwarp() { 3 } else { 0 };
+            let refused_retries = if crate::iwarp() { 3 } else { 0 };
             assert!(
                 retries > refused_retries,
                 "{retries} retries: no good operation was in flight"

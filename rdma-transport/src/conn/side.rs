@@ -347,9 +347,10 @@ impl SideTask {
     async fn main_loop(&mut self) -> Result<(), Error> {
         let gen = self.core.gen;
         loop {
-            if self.step()? && self.core.spin().await {
-                continue;
-            }
+            // The task does not spin: the caller of a lone operation does
+            // (`SideCore::wait`); with several in flight, spinning here made
+            // some callers wait far longer than others (§10.5).
+            self.step()?;
             if self.arm()? {
                 continue;
             }
@@ -389,9 +390,10 @@ impl SideTask {
         if let Some(s) = &shared {
             s.side_failed(core.gen);
         }
+        // From here no operation is taken: what is queued is answered.
+        core.queue().closed = true;
         {
             let mut st = core.lock();
-            // From here no operation is taken: what is queued is answered.
             st.ended = true;
             if why.is_ok() {
                 // Closed or replaced: no operation caused it.
@@ -430,11 +432,9 @@ impl SideTask {
                     }
                 }
             }
-            (
-                std::mem::take(&mut st.failed),
-                std::mem::take(&mut st.waiting),
-                st.cause_known,
-            )
+            let mut waiting = std::mem::take(&mut st.waiting);
+            waiting.extend(core.queue().ops.drain(..));
+            (std::mem::take(&mut st.failed), waiting, st.cause_known)
         };
         // Posting order: the oldest operation the queue pair did not
         // complete is the likely cause of its failure (§10.3), unless a

@@ -1,23 +1,24 @@
 //! The operations of one side queue pair (wire protocol §10.2, §10.5):
 //! what the callers of READs and WRITEs and the side queue pair's task
-//! share, under one lock.
+//! share.
 //!
-//! A caller posts its operation itself ([`SideCore::submit`]) and, if no
-//! other caller is doing so, polls the side CQ itself while it waits
-//! ([`SideCore::wait`]): in the `Spin` mode until its operation completes,
-//! otherwise for `busy_poll`. Whoever polls answers every operation it
-//! finds completed. The other callers, and a poller that stops with
-//! operations still posted (its budget ran out, its future was dropped,
-//! others are in flight), hand the wait to the side task, which arms the
-//! completion channel and sleeps on it. So one operation in flight costs
-//! no task switch, no channel hop and no system call beyond its post.
+//! A lone operation (nothing else posted or queued, no other caller
+//! polling) is posted by its caller ([`SideCore::submit`]), which then
+//! polls the side CQ itself while it waits ([`SideCore::wait`]): in the
+//! `Spin` mode until its operation completes, otherwise for `busy_poll`.
+//! Other operations go into a queue under a lock of its own (a caller never
+//! waits for a post or a poll) for the side task, which posts them and
+//! sleeps on the completion channel. Whoever polls answers every operation
+//! it finds completed; a poller that stops with operations still posted
+//! hands the wait to the task. So one operation in flight costs no task
+//! switch, no channel hop and no system call beyond its post.
 //!
 //! A posted buffer stays in the [`SideQp`] until its completion is polled
 //! or the queue pair is destroyed, whoever polls and whatever happens to
 //! the caller's future.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -233,6 +234,20 @@ pub(crate) struct SideCore {
     pub(crate) kick: Notify,
     /// A caller polls the CQ ([`SideCore::wait`]).
     polling: AtomicBool,
+    /// Operations callers handed to the task: under a lock of their own,
+    /// never held across a verb, so a caller never waits for a post or a
+    /// poll (on rxe a post can do the transfer's kernel work inline).
+    queue: Mutex<Queue>,
+    /// Work requests posted (`SideQp::outstanding`), read without the lock.
+    posted: AtomicUsize,
+}
+
+/// Operations waiting for the task to post them.
+#[derive(Default)]
+pub(crate) struct Queue {
+    pub(crate) ops: VecDeque<Op>,
+    /// The queue pair is ending: no operation is taken.
+    pub(crate) closed: bool,
 }
 
 impl SideCore {
@@ -263,7 +278,25 @@ impl SideCore {
             busy_poll,
             kick: Notify::new(),
             polling: AtomicBool::new(false),
+            queue: Mutex::default(),
+            posted: AtomicUsize::new(0),
         }
+    }
+
+    pub(crate) fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records how many work requests are posted, for readers without the
+    /// lock.
+    fn sync(&self, st: &SideState) {
+        let n = st.sq.as_ref().map_or(0, |sq| sq.outstanding());
+        self.posted.store(n, Ordering::Release);
+    }
+
+    /// Whether anything is posted or queued (without the state lock).
+    pub(crate) fn busy(&self) -> bool {
+        self.posted.load(Ordering::Acquire) > 0 || !self.queue().ops.is_empty()
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, SideState> {
@@ -286,35 +319,49 @@ impl SideCore {
     /// back when the queue pair no longer takes operations (its task is
     /// shutting it down).
     pub(crate) fn submit(&self, op: Op) -> Result<bool, Box<Op>> {
+        {
+            let mut q = self.queue();
+            if q.closed {
+                return Err(Box::new(op));
+            }
+            let alone = self.budget() != Some(Duration::ZERO)
+                && q.ops.is_empty()
+                && self.posted.load(Ordering::Acquire) == 0
+                && !self.polling.swap(true, Ordering::Acquire);
+            if !alone {
+                q.ops.push_back(op);
+                drop(q);
+                self.kick.notify_one();
+                return Ok(false);
+            }
+        }
         let mut st = self.lock();
         if st.ended || st.broken.is_some() {
+            self.polling.store(false, Ordering::Release);
             return Err(Box::new(op));
         }
-        let alone = self.budget() != Some(Duration::ZERO)
-            && st.inflight.len() == 0
-            && st.waiting.is_empty()
-            && !self.polling.swap(true, Ordering::Acquire);
         st.waiting.push_back(op);
-        if !alone {
-            drop(st);
-            self.kick.notify_one();
-            return Ok(false);
-        }
         if let Err(e) = st.post_waiting() {
             // What was not posted is answered (flushed) by the shutdown.
             self.fail(&mut st, e);
         }
+        self.sync(&st);
         Ok(true)
     }
 
     /// Posts what callers queued (unless the queue pair is ending).
     pub(crate) fn post_queued(&self, st: &mut SideState) {
-        if st.ended || st.broken.is_some() || st.waiting.is_empty() {
+        if st.ended || st.broken.is_some() {
+            return;
+        }
+        st.waiting.extend(self.queue().ops.drain(..));
+        if st.waiting.is_empty() {
             return;
         }
         if let Err(e) = st.post_waiting() {
             self.fail(st, e);
         }
+        self.sync(st);
     }
 
     /// How long a waiter polls: `None` for as long as it takes (`Spin`).
@@ -322,50 +369,6 @@ impl SideCore {
         match self.mode {
             PollMode::Spin => None,
             PollMode::Adaptive | PollMode::Fixed => Some(self.busy_poll),
-        }
-    }
-
-    /// Whether a caller polls the CQ ([`SideCore::wait`]).
-    pub(crate) fn caller_polls(&self) -> bool {
-        self.polling.load(Ordering::Acquire)
-    }
-
-    /// Polls the CQ (posting what waits) without sleeping while operations
-    /// are posted: for `busy_poll` in the `Adaptive` and `Fixed` modes, for
-    /// as long as anything is posted in the `Spin` mode, letting the
-    /// runtime run other tasks every few polls; not at all while a caller
-    /// polls. `true` when it found work.
-    pub(crate) async fn spin(&self) -> bool {
-        let budget = self.budget();
-        if budget == Some(Duration::ZERO) {
-            return false;
-        }
-        let start = budget.map(|_| Instant::now());
-        let mut polls: u32 = 0;
-        loop {
-            if self.caller_polls() {
-                return false;
-            }
-            {
-                let mut st = self.lock();
-                let can_post = !st.waiting.is_empty() && st.inflight.len() < SIDE_DEPTH as usize;
-                if st.ended || st.broken.is_some() || !st.expecting() || can_post {
-                    return true;
-                }
-                if self.poll_locked(&mut st) > 0 {
-                    return true;
-                }
-            }
-            polls = polls.wrapping_add(1);
-            if polls.is_multiple_of(POLLS_PER_YIELD) {
-                if let (Some(b), Some(start)) = (budget, start) {
-                    if start.elapsed() >= b {
-                        return false;
-                    }
-                }
-                tokio::task::yield_now().await;
-            }
-            std::hint::spin_loop();
         }
     }
 
@@ -400,6 +403,7 @@ impl SideCore {
                 self.fail(st, e);
             }
         }
+        self.sync(st);
         total
     }
 
@@ -459,7 +463,7 @@ impl SideCore {
                         break;
                     }
                 }
-                tokio::task::yield_now().await;
+                YieldBack(false).await;
             }
             std::hint::spin_loop();
         }
@@ -481,8 +485,32 @@ struct Handover<'a> {
 impl Drop for Handover<'_> {
     fn drop(&mut self) {
         self.core.polling.store(false, Ordering::Release);
-        if self.kick || self.core.lock().expecting() {
+        if self.kick || self.core.busy() {
             self.core.kick.notify_one();
         }
+    }
+}
+
+/// Lets the runtime run the other ready tasks once: wakes its own task and
+/// returns `Pending`, which puts the task at the back of its worker's run
+/// queue. Not `tokio::task::yield_now`: that parks the task in the worker's
+/// deferred list until the worker next looks for I/O, and with several
+/// operations in flight a polling caller parked there was seen to wait
+/// seconds.
+struct YieldBack(bool);
+
+impl std::future::Future for YieldBack {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
     }
 }
