@@ -51,6 +51,8 @@ pub(crate) fn unavailable(why: impl Into<String>) -> Error {
 /// What is kept of a posted operation (its buffer is in the `SideQp`).
 pub(crate) struct Posted {
     pub(crate) reply: oneshot::Sender<OpResult>,
+    pub(crate) t0: Instant,
+    pub(crate) tp: Instant,
 }
 
 /// The posted operations by work request id: at most [`SIDE_DEPTH`], so a
@@ -120,7 +122,7 @@ impl SideState {
                 rkey: op.rkey,
             };
             match sq.post(wr_id, self.iwarp, op.local, t) {
-                Ok(()) => self.inflight.insert(wr_id, Posted { reply: op.reply }),
+                Ok(()) => self.inflight.insert(wr_id, Posted { reply: op.reply, t0: op.t0, tp: Instant::now() }),
                 Err(b) => match *b {
                     PostFail::NotPosted(local, e) => {
                         // Not posted: the QP failed (or refused the
@@ -131,7 +133,7 @@ impl SideState {
                     PostFail::Posted(e) => {
                         // Posted without its fence: answered when the QP's
                         // flush (or destruction) gives its buffer back.
-                        self.inflight.insert(wr_id, Posted { reply: op.reply });
+                        self.inflight.insert(wr_id, Posted { reply: op.reply, t0: op.t0, tp: Instant::now() });
                         return Err(e);
                     }
                 },
@@ -160,6 +162,9 @@ impl SideState {
                 continue;
             };
             let Some(local) = local else { continue };
+            if p.t0.elapsed() > Duration::from_millis(500) {
+                eprintln!("DBG complete wr {}: queued {:?}, posted {:?} ago, inflight {}", wc.wr_id, p.tp - p.t0, p.tp.elapsed(), self.inflight.len());
+            }
             if wc.status == 0 {
                 let _ = p.reply.send(OpResult::Done(local));
                 continue;

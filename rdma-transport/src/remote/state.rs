@@ -41,6 +41,7 @@ pub(crate) struct Op {
     pub(crate) remote_addr: u64,
     pub(crate) rkey: u32,
     pub(crate) reply: oneshot::Sender<OpResult>,
+    pub(crate) t0: std::time::Instant,
 }
 
 /// How an [`Op`] ended.
@@ -351,7 +352,9 @@ impl RemoteShared {
                 remote_addr,
                 rkey,
                 reply: tx,
+                t0: std::time::Instant::now(),
             };
+            let t0 = op.t0;
             let poller = match link.core.submit(op) {
                 Ok(p) => p,
                 Err(op) => {
@@ -361,7 +364,11 @@ impl RemoteShared {
                     continue;
                 }
             };
-            match link.core.wait(rx, poller).await {
+            let got = link.core.wait(rx, poller).await;
+            if t0.elapsed() > std::time::Duration::from_millis(500) {
+                eprintln!("DBG caller: {:?} in all, poller {poller}", t0.elapsed());
+            }
+            match got {
                 Ok(OpResult::Done(l)) => return Ok(l),
                 Ok(OpResult::Flushed(l, first)) => {
                     local = l;
