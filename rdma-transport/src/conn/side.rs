@@ -314,9 +314,9 @@ impl SideTask {
 
     /// Posts what callers queued and polls what completed; whether
     /// anything is posted. `Err` once the queue pair failed.
-    fn step(&self) -> Result<bool, Error> {
+    async fn step(&self) -> Result<bool, Error> {
         let core = &self.core;
-        let mut st = core.lock();
+        let mut st = core.lock().await;
         core.post_queued(&mut st);
         core.poll_locked(&mut st);
         match st.take_failure() {
@@ -328,9 +328,9 @@ impl SideTask {
     /// Arms the completion channel while anything is posted, then polls
     /// again (a completion before the arm raises no event); `true` if
     /// that found one. `Err` once the queue pair failed.
-    fn arm(&self) -> Result<bool, Error> {
+    async fn arm(&self) -> Result<bool, Error> {
         let core = &self.core;
-        let mut st = core.lock();
+        let mut st = core.lock().await;
         if !st.expecting() {
             // Nothing posted: no completion can come, the channel stays
             // unarmed (arming is a system call on some devices).
@@ -350,8 +350,8 @@ impl SideTask {
             // The task does not spin: the caller of a lone operation does
             // (`SideCore::wait`); with several in flight, spinning here made
             // some callers wait far longer than others (§10.5).
-            self.step()?;
-            if self.arm()? {
+            self.step().await?;
+            if self.arm().await? {
                 continue;
             }
             tokio::select! {
@@ -393,7 +393,7 @@ impl SideTask {
         // From here no operation is taken: what is queued is answered.
         core.queue().closed = true;
         {
-            let mut st = core.lock();
+            let mut st = core.lock().await;
             st.ended = true;
             if why.is_ok() {
                 // Closed or replaced: no operation caused it.
@@ -410,7 +410,7 @@ impl SideTask {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
         loop {
             let outstanding = {
-                let mut st = core.lock();
+                let mut st = core.lock().await;
                 // Flushed completions are collected even after a failure.
                 st.broken = None;
                 core.poll_locked(&mut st);
@@ -423,7 +423,7 @@ impl SideTask {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let (failed, waiting, cause_known) = {
-            let mut st = core.lock();
+            let mut st = core.lock().await;
             // The QP goes before any buffer still posted (now safe to free).
             if let Some(sq) = st.sq.take() {
                 for (wr_id, local) in sq.destroy() {

@@ -226,7 +226,10 @@ impl SideState {
 /// One side queue pair's operations, shared by its callers (through the
 /// [`SideLink`](crate::remote::SideLink)) and its task.
 pub(crate) struct SideCore {
-    state: Mutex<SideState>,
+    /// An async lock: a post on rxe can do its transfer's kernel work
+    /// inline, and a worker thread blocked behind it would strand the
+    /// tasks in its run queue.
+    state: tokio::sync::Mutex<SideState>,
     pub(crate) cq: Arc<Cq>,
     pub(crate) gen: u64,
     /// `Config::one_sided_poll_mode` (else `poll_mode`) and
@@ -265,7 +268,7 @@ impl SideCore {
         busy_poll: Duration,
     ) -> SideCore {
         SideCore {
-            state: Mutex::new(SideState {
+            state: tokio::sync::Mutex::new(SideState {
                 sq: Some(sq),
                 inflight: Inflight::default(),
                 waiting: VecDeque::new(),
@@ -304,8 +307,8 @@ impl SideCore {
         self.posted.load(Ordering::Acquire) > 0 || !self.queue().ops.is_empty()
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, SideState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    pub(crate) async fn lock(&self) -> tokio::sync::MutexGuard<'_, SideState> {
+        self.state.lock().await
     }
 
     /// Marks the queue pair failed (the first cause is kept) and wakes
@@ -340,7 +343,13 @@ impl SideCore {
                 return Ok(false);
             }
         }
-        let mut st = self.lock();
+        let Ok(mut st) = self.state.try_lock() else {
+            // The task holds it (posting or polling): it takes this one too.
+            self.polling.store(false, Ordering::Release);
+            self.queue().ops.push_back(op);
+            self.kick.notify_one();
+            return Ok(false);
+        };
         if st.ended || st.broken.is_some() {
             self.polling.store(false, Ordering::Release);
             return Err(Box::new(op));
@@ -449,11 +458,7 @@ impl SideCore {
                 Err(oneshot::error::TryRecvError::Empty) => {}
             }
             {
-                let st = match self.state.try_lock() {
-                    Ok(st) => Some(st),
-                    Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-                    Err(std::sync::TryLockError::WouldBlock) => None,
-                };
+                let st = self.state.try_lock().ok();
                 if let Some(mut st) = st {
                     if st.ended || st.broken.is_some() {
                         break;
