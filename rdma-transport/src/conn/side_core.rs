@@ -51,8 +51,6 @@ pub(crate) fn unavailable(why: impl Into<String>) -> Error {
 /// What is kept of a posted operation (its buffer is in the `SideQp`).
 pub(crate) struct Posted {
     pub(crate) reply: oneshot::Sender<OpResult>,
-    pub(crate) t0: Instant,
-    pub(crate) tp: Instant,
 }
 
 /// The posted operations by work request id: at most [`SIDE_DEPTH`], so a
@@ -122,7 +120,7 @@ impl SideState {
                 rkey: op.rkey,
             };
             match sq.post(wr_id, self.iwarp, op.local, t) {
-                Ok(()) => self.inflight.insert(wr_id, Posted { reply: op.reply, t0: op.t0, tp: Instant::now() }),
+                Ok(()) => self.inflight.insert(wr_id, Posted { reply: op.reply }),
                 Err(b) => match *b {
                     PostFail::NotPosted(local, e) => {
                         // Not posted: the QP failed (or refused the
@@ -133,7 +131,7 @@ impl SideState {
                     PostFail::Posted(e) => {
                         // Posted without its fence: answered when the QP's
                         // flush (or destruction) gives its buffer back.
-                        self.inflight.insert(wr_id, Posted { reply: op.reply, t0: op.t0, tp: Instant::now() });
+                        self.inflight.insert(wr_id, Posted { reply: op.reply });
                         return Err(e);
                     }
                 },
@@ -162,9 +160,6 @@ impl SideState {
                 continue;
             };
             let Some(local) = local else { continue };
-            if p.t0.elapsed() > Duration::from_millis(500) {
-                eprintln!("DBG complete wr {}: queued {:?}, posted {:?} ago, inflight {}", wc.wr_id, p.tp - p.t0, p.tp.elapsed(), self.inflight.len());
-            }
             if wc.status == 0 {
                 let _ = p.reply.send(OpResult::Done(local));
                 continue;

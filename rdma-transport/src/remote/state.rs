@@ -41,7 +41,6 @@ pub(crate) struct Op {
     pub(crate) remote_addr: u64,
     pub(crate) rkey: u32,
     pub(crate) reply: oneshot::Sender<OpResult>,
-    pub(crate) t0: std::time::Instant,
 }
 
 /// How an [`Op`] ended.
@@ -352,9 +351,7 @@ impl RemoteShared {
                 remote_addr,
                 rkey,
                 reply: tx,
-                t0: std::time::Instant::now(),
             };
-            let t0 = op.t0;
             let poller = match link.core.submit(op) {
                 Ok(p) => p,
                 Err(op) => {
@@ -364,11 +361,7 @@ impl RemoteShared {
                     continue;
                 }
             };
-            let got = link.core.wait(rx, poller).await;
-            if t0.elapsed() > std::time::Duration::from_millis(500) {
-                eprintln!("DBG caller: {:?} in all, poller {poller}", t0.elapsed());
-            }
-            match got {
+            match link.core.wait(rx, poller).await {
                 Ok(OpResult::Done(l)) => return Ok(l),
                 Ok(OpResult::Flushed(l, first)) => {
                     local = l;
