@@ -354,8 +354,8 @@ struct SideTask {
     gen: u64,
     wcs: Vec<Wc>,
     /// `Config::one_sided_poll_mode` (else `poll_mode`) and
-    /// `Config::busy_poll`: how long the task
-    /// polls while operations are posted before it sleeps ([`SideTask::spin`]).
+    /// `Config::busy_poll`: how long the task polls while operations are
+    /// posted before it sleeps ([`SideTask::spin`]).
     mode: PollMode,
     busy_poll: Duration,
     /// iWARP: WRITEs are fenced (`SideQp::post`).
@@ -514,7 +514,7 @@ impl SideTask {
         };
         // Read the clock only with a budget: in a VM a clock read can be a
         // system call.
-        let start = budget.map(|_| std::time::Instant::now());
+        let deadline = budget.map(|b| std::time::Instant::now() + b);
         let mut polls: u32 = 0;
         loop {
             if self.poll()? > 0 {
@@ -536,10 +536,8 @@ impl SideTask {
                 if *self.closed.borrow() || replaced {
                     return Ok(false);
                 }
-                if let (Some(b), Some(start)) = (budget, start) {
-                    if start.elapsed() >= b {
-                        return Ok(false);
-                    }
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    return Ok(false);
                 }
                 tokio::task::yield_now().await;
             }
