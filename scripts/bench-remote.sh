@@ -52,8 +52,8 @@ for r in $(seq "$ROUNDS"); do
     >"$OUT/bench_bulk_$r.txt" 2>"$OUT/bench_bulk_$r.err" ||
     echo "bench (bulk) failed: $OUT/bench_bulk_$r.err" >&2
   grep -E '^\| (1|16) MiB' "$OUT/bench_bulk_$r.txt" || true
-  # 64 B: the reading side polls (the side queue pair's task spins while a
-  # READ is posted; the connections' drivers stay adaptive), with the
+  # 64 B: the reading side polls (the caller of a lone READ polls the side
+  # CQ until it completes; the connections' drivers stay adaptive), with the
   # client on the default runtime and on one worker thread.
   timeout 300 "$B" --addr "$SOFTROCE_IP:0" --paths remote-read,unary-fetch --payloads 64 \
     --inflight 1 --duration-ms 2000 --one-sided-poll-mode spin --server-threads 1 \
