@@ -5,7 +5,6 @@
 //! [`SideQp`], the side queue pair that owns every buffer posted on it
 //! until its completion is polled or the queue pair is destroyed.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -317,7 +316,9 @@ pub(crate) enum PostFail {
 pub(crate) struct SideQp {
     /// First: destroyed before the buffers below are deregistered.
     qp: Qp,
-    posted: HashMap<u64, UserMr>,
+    /// By work request id: at most the side queue pair's depth (64), so a
+    /// short list (a lookup is a few compares, no hashing per operation).
+    posted: Vec<(u64, UserMr)>,
     /// The sink of every fence READ (zero bytes: nothing is ever written
     /// to it, but a READ's sink must allow local write).
     scratch: UserMr,
@@ -328,7 +329,7 @@ impl SideQp {
     pub(crate) fn new(qp: Qp, scratch: UserMr) -> SideQp {
         SideQp {
             qp,
-            posted: HashMap::new(),
+            posted: Vec::new(),
             scratch,
         }
     }
@@ -366,7 +367,7 @@ impl SideQp {
         };
         if !kind_ok
             || len > local.len
-            || self.posted.contains_key(&wr_id)
+            || self.posted.iter().any(|(id, _)| *id == wr_id)
             || wr_id & FENCED_WRITE != 0
         {
             return Err(Box::new(PostFail::NotPosted(
@@ -425,18 +426,19 @@ impl SideQp {
                 // The WRITE is posted: its buffer stays until its
                 // completion is polled or the QP is destroyed, whatever the
                 // caller does; the QP cannot be trusted any more.
-                self.posted.insert(wr_id, local);
+                self.posted.push((wr_id, local));
                 let _ = self.qp.to_error();
                 return Err(Box::new(PostFail::Posted(e)));
             }
         }
-        self.posted.insert(wr_id, local);
+        self.posted.push((wr_id, local));
         Ok(())
     }
 
     /// The buffer of `wr_id`, whose completion was just polled.
     pub(crate) fn complete(&mut self, wr_id: u64) -> Option<UserMr> {
-        self.posted.remove(&wr_id)
+        let i = self.posted.iter().position(|(id, _)| *id == wr_id)?;
+        Some(self.posted.swap_remove(i).1)
     }
 
     /// Work requests posted whose completion was not polled yet.
@@ -461,6 +463,6 @@ impl SideQp {
         } = self;
         drop(qp);
         drop(scratch);
-        posted.into_iter().collect()
+        posted
     }
 }
