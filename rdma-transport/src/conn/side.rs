@@ -159,7 +159,7 @@ async fn open_once(
         ));
     }
     let pd = shared.pd()?;
-    let (cq, qp) = side_qp(&id, &pd)?;
+    let (cq, qp) = side_qp(&id, pd)?;
     let private = shared.hello.encode_side(&token);
     // rdma_connect blocks on iWARP (§9): on the blocking pool, with the QP
     // travelling along so that it is freed only after the call returned.
@@ -213,7 +213,7 @@ pub(crate) async fn accept_side(
             "a side request arrived on another device than its connection",
         ));
     }
-    let made = shared.pd().and_then(|pd| side_qp(&id, &pd));
+    let made = shared.pd().and_then(|pd| side_qp(&id, pd));
     let (cq, qp) = match made {
         Ok(x) => x,
         Err(e) => {
@@ -246,7 +246,7 @@ fn start(
 ) -> Result<SideLink, Error> {
     let iwarp = id.is_iwarp();
     let scratch = UserMr::new(
-        &shared.pd()?,
+        shared.pd()?,
         read_destination(64),
         MrUse::ReadDestination,
         shared.cfg.global_max_registered_bytes,

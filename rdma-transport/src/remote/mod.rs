@@ -235,7 +235,7 @@ impl RemoteMemory {
         let counted = s.count_exposed(len)?;
         let pd = s.pd()?;
         let mr = UserMr::new(
-            &pd,
+            pd,
             buf,
             MrUse::Exposed(access),
             s.cfg.global_max_registered_bytes,
@@ -283,7 +283,7 @@ impl RemoteMemory {
         s.usable()?;
         let pd = s.pd()?;
         let cache = s.cache()?;
-        let local = read_buffer(&cache, len, &pd, s.cfg.global_max_registered_bytes)?;
+        let local = read_buffer(&cache, len, pd, s.cfg.global_max_registered_bytes)?;
         let done = s.run(true, local, len, remote, key.rkey).await?;
         read_bytes(done, len).ok_or_else(|| {
             Error::Remote(RemoteError::Unavailable(
@@ -312,7 +312,7 @@ impl RemoteMemory {
         let pd = s.pd()?;
         let len = data.len();
         let cache = s.cache()?;
-        let local = write_buffer(&cache, data, &pd, s.cfg.global_max_registered_bytes)?;
+        let local = write_buffer(&cache, data, pd, s.cfg.global_max_registered_bytes)?;
         let done = s.run(false, local, len, remote, key.rkey).await?;
         drop(done);
         Ok(())

@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
@@ -83,9 +83,14 @@ pub(crate) struct RemoteShared {
     pub(crate) hello: Hello,
     /// The main connection's cm_id: its device is the exposure PD's.
     main_id: Arc<CmId>,
-    pd: Mutex<Option<Arc<Pd>>>,
-    /// The local buffers of READs and WRITEs (§10.5), made on first use.
-    cache: Mutex<Option<Arc<LocalCache>>>,
+    /// The exposure PD, made on first use (under `init`).
+    pd: OnceLock<Arc<Pd>>,
+    /// The local buffers of READs and WRITEs (§10.5), made on first use
+    /// (under `init`). Each operation finds both without a lock.
+    cache: OnceLock<Arc<LocalCache>>,
+    /// Held while `pd` or `cache` is made, and by [`Self::close`], so a
+    /// cache made as the connection closes is closed too.
+    init: Mutex<()>,
     exposed: Arc<AtomicUsize>,
     side: watch::Sender<Option<SideLink>>,
     /// Active side: one opener at a time.
@@ -120,8 +125,9 @@ impl RemoteShared {
             token,
             hello,
             main_id,
-            pd: Mutex::new(None),
-            cache: Mutex::new(None),
+            pd: OnceLock::new(),
+            cache: OnceLock::new(),
+            init: Mutex::new(()),
             exposed: Arc::default(),
             side: watch::Sender::new(None),
             open_lock: tokio::sync::Mutex::new(()),
@@ -137,8 +143,8 @@ impl RemoteShared {
         self.closed.send_replace(true);
         self.side.send_replace(None);
         // Kept (closed): its buffers still in use count until dropped.
-        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(c) = cache {
+        let _g = self.init.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = self.cache.get() {
             c.close();
         }
     }
@@ -172,41 +178,50 @@ impl RemoteShared {
 
     /// The exposure PD, allocated on first use on the main connection's
     /// device: only this connection's side queue pairs are in it (§10.1).
-    pub(crate) fn pd(&self) -> Result<Arc<Pd>, Error> {
-        let mut g = self.pd.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(pd) = g.as_ref() {
-            return Ok(pd.clone());
+    pub(crate) fn pd(&self) -> Result<&Arc<Pd>, Error> {
+        if let Some(pd) = self.pd.get() {
+            return Ok(pd);
+        }
+        let _g = self.init.lock().unwrap_or_else(|p| p.into_inner());
+        self.pd_locked()
+    }
+
+    /// [`Self::pd`] under `init`.
+    fn pd_locked(&self) -> Result<&Arc<Pd>, Error> {
+        if let Some(pd) = self.pd.get() {
+            return Ok(pd);
         }
         let pd = Pd::new(self.main_id.clone())
             .map_err(|e| Error::ResourceLimit(ResourceError::from_error(e)))?;
-        *g = Some(pd.clone());
-        Ok(pd)
+        Ok(self.pd.get_or_init(|| pd))
     }
 
     /// The cache of local buffers (§10.5), in the exposure PD.
     pub(crate) fn cache(&self) -> Result<Arc<LocalCache>, Error> {
-        let pd = self.pd()?;
-        let mut g = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = g.as_ref() {
+        if let Some(c) = self.cache.get() {
+            return Ok(c.clone());
+        }
+        let _g = self.init.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = self.cache.get() {
             return Ok(c.clone());
         }
         let c = LocalCache::new(
-            pd,
+            self.pd_locked()?.clone(),
             self.cfg.one_sided_cache_bytes,
             self.cfg.global_max_registered_bytes,
         );
         if !self.is_closed() {
-            *g = Some(c.clone());
+            Ok(self.cache.get_or_init(|| c).clone())
         } else {
+            // Closed (under `init`, so `close` has run): not kept.
             c.close();
+            Ok(c)
         }
-        Ok(c)
     }
 
     /// Bytes of the cache's local buffers, free or in use.
     pub(crate) fn cached_bytes(&self) -> usize {
-        let g = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        g.as_ref().map_or(0, |c| c.bytes())
+        self.cache.get().map_or(0, |c| c.bytes())
     }
 
     /// The exposure PD's device is `id`'s.
