@@ -27,7 +27,7 @@ use tokio::sync::{oneshot, Notify};
 use super::side::SIDE_DEPTH;
 use crate::config::PollMode;
 use crate::error::{Error, RemoteError};
-use crate::mem::{PostFail, SideQp, Transfer, UserMr, FENCED_WRITE};
+use crate::mem::{ByWrId, PostFail, SideQp, Transfer, UserMr, FENCED_WRITE};
 use crate::remote::{Op, OpResult};
 use crate::verbs::{Cq, Wc};
 
@@ -53,31 +53,12 @@ pub(crate) struct Posted {
     pub(crate) reply: oneshot::Sender<OpResult>,
 }
 
-/// The posted operations by work request id: at most [`SIDE_DEPTH`], so a
-/// short list (a lookup is a few compares, no hashing).
-#[derive(Default)]
-struct Inflight(Vec<(u64, Posted)>);
-
-impl Inflight {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn insert(&mut self, wr_id: u64, p: Posted) {
-        self.0.push((wr_id, p));
-    }
-
-    fn remove(&mut self, wr_id: &u64) -> Option<Posted> {
-        let i = self.0.iter().position(|(id, _)| id == wr_id)?;
-        Some(self.0.swap_remove(i).1)
-    }
-}
-
 /// The state of one side queue pair, under [`SideCore`]'s lock.
 pub(crate) struct SideState {
     /// The QP and the posted buffers. `None` once destroyed.
     pub(crate) sq: Option<SideQp>,
-    inflight: Inflight,
+    /// The posted operations (at most [`SIDE_DEPTH`]).
+    inflight: ByWrId<Posted>,
     /// Operations not posted yet (more than [`SIDE_DEPTH`] at a time).
     pub(crate) waiting: VecDeque<Op>,
     wcs: Vec<Wc>,
@@ -156,7 +137,7 @@ impl SideState {
                 wc.wr_id &= !FENCED_WRITE;
             }
             let local = self.sq.as_mut().and_then(|sq| sq.complete(wc.wr_id));
-            let Some(p) = self.inflight.remove(&wc.wr_id) else {
+            let Some(p) = self.inflight.remove(wc.wr_id) else {
                 continue;
             };
             let Some(local) = local else { continue };
@@ -214,7 +195,7 @@ impl SideState {
     /// The posted operation `wr_id`, taken out (the shutdown, after the QP
     /// was destroyed, answers it).
     pub(crate) fn take_inflight(&mut self, wr_id: u64) -> Option<Posted> {
-        self.inflight.remove(&wr_id)
+        self.inflight.remove(wr_id)
     }
 }
 
@@ -265,7 +246,7 @@ impl SideCore {
         SideCore {
             state: tokio::sync::Mutex::new(SideState {
                 sq: Some(sq),
-                inflight: Inflight::default(),
+                inflight: ByWrId::default(),
                 waiting: VecDeque::new(),
                 wcs: Vec::with_capacity(32),
                 next_wr: 1,

@@ -309,6 +309,37 @@ pub(crate) enum PostFail {
     Posted(Error),
 }
 
+/// What a side queue pair keeps per posted work request, by its id: at
+/// most the queue pair's depth (64) entries, so a short list (a lookup is a
+/// few compares, no hashing per operation).
+pub(crate) struct ByWrId<T>(Vec<(u64, T)>);
+
+impl<T> Default for ByWrId<T> {
+    fn default() -> Self {
+        ByWrId(Vec::new())
+    }
+}
+
+impl<T> ByWrId<T> {
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(crate) fn contains(&self, wr_id: u64) -> bool {
+        self.0.iter().any(|(id, _)| *id == wr_id)
+    }
+
+    /// Adds `v` for `wr_id` (the caller made sure it is not there).
+    pub(crate) fn insert(&mut self, wr_id: u64, v: T) {
+        self.0.push((wr_id, v));
+    }
+
+    pub(crate) fn remove(&mut self, wr_id: u64) -> Option<T> {
+        let i = self.0.iter().position(|(id, _)| *id == wr_id)?;
+        Some(self.0.swap_remove(i).1)
+    }
+}
+
 /// The side queue pair of a connection (wire protocol §10.2) and every
 /// buffer posted on it: a posted [`UserMr`] stays here until
 /// [`SideQp::complete`] is called for its polled completion, or the QP is
@@ -316,9 +347,7 @@ pub(crate) enum PostFail {
 pub(crate) struct SideQp {
     /// First: destroyed before the buffers below are deregistered.
     qp: Qp,
-    /// By work request id: at most the side queue pair's depth (64), so a
-    /// short list (a lookup is a few compares, no hashing per operation).
-    posted: Vec<(u64, UserMr)>,
+    posted: ByWrId<UserMr>,
     /// The sink of every fence READ (zero bytes: nothing is ever written
     /// to it, but a READ's sink must allow local write).
     scratch: UserMr,
@@ -329,7 +358,7 @@ impl SideQp {
     pub(crate) fn new(qp: Qp, scratch: UserMr) -> SideQp {
         SideQp {
             qp,
-            posted: Vec::new(),
+            posted: ByWrId::default(),
             scratch,
         }
     }
@@ -365,11 +394,7 @@ impl SideQp {
             MrUse::WriteSource => !read,
             MrUse::Exposed(_) => false,
         };
-        if !kind_ok
-            || len > local.len
-            || self.posted.iter().any(|(id, _)| *id == wr_id)
-            || wr_id & FENCED_WRITE != 0
-        {
+        if !kind_ok || len > local.len || self.posted.contains(wr_id) || wr_id & FENCED_WRITE != 0 {
             return Err(Box::new(PostFail::NotPosted(
                 local,
                 Error::Remote(RemoteError::Unavailable(
@@ -426,19 +451,18 @@ impl SideQp {
                 // The WRITE is posted: its buffer stays until its
                 // completion is polled or the QP is destroyed, whatever the
                 // caller does; the QP cannot be trusted any more.
-                self.posted.push((wr_id, local));
+                self.posted.insert(wr_id, local);
                 let _ = self.qp.to_error();
                 return Err(Box::new(PostFail::Posted(e)));
             }
         }
-        self.posted.push((wr_id, local));
+        self.posted.insert(wr_id, local);
         Ok(())
     }
 
     /// The buffer of `wr_id`, whose completion was just polled.
     pub(crate) fn complete(&mut self, wr_id: u64) -> Option<UserMr> {
-        let i = self.posted.iter().position(|(id, _)| *id == wr_id)?;
-        Some(self.posted.swap_remove(i).1)
+        self.posted.remove(wr_id)
     }
 
     /// Work requests posted whose completion was not polled yet.
@@ -463,6 +487,6 @@ impl SideQp {
         } = self;
         drop(qp);
         drop(scratch);
-        posted
+        posted.0
     }
 }
