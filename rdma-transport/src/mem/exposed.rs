@@ -117,11 +117,11 @@ impl UserMr {
                 in_use: prev,
             }));
         }
-        // SAFETY: [ptr, ptr+len) is the live, initialised memory of `buf`,
-        // which this UserMr owns (and so keeps allocated and unmoved: a
-        // `Bytes`/`BytesMut` is a pointer to a heap or static buffer that
-        // moving the handle does not move) until it is deregistered; pd is
-        // live. A `Bytes` is registered without write access (above).
+        // A `Bytes`/`BytesMut` points to a heap or static buffer that moving
+        // the handle does not move, so owning `buf` keeps it allocated and put.
+        // SAFETY: [ptr, ptr+len) is the live, initialised memory of `buf`, which
+        // this UserMr owns until it is deregistered; pd is live. A `Bytes` is
+        // registered without write access (above).
         let mr = unsafe { ibv_reg_mr(pd.ptr, ptr.cast(), len, how.flags() as i32) };
         if mr.is_null() {
             REGISTERED_BYTES.fetch_sub(len, Ordering::SeqCst);
@@ -210,10 +210,9 @@ impl UserMr {
         if self.mr.is_null() {
             return true;
         }
-        // SAFETY: mr was registered in `new` and is deregistered only here
-        // (then set to null). Every work request that used it as a local
-        // buffer completed or its QP was destroyed ([`SideQp`] keeps it
-        // until then).
+        // SAFETY: mr was registered in `new` and is deregistered only here (then set to null).
+        // Every work request that used it as a local buffer completed or its QP was destroyed
+        // ([`SideQp`] keeps it until then).
         let r = unsafe { ibv_dereg_mr(self.mr) };
         if r != 0 {
             tracing::warn!(
@@ -423,15 +422,13 @@ impl SideQp {
             remote_addr,
             rkey,
         };
-        // SAFETY: `local` is registered on the exposure PD, which is this
-        // QP's PD (both made from it by the caller), with local write for a
-        // READ (checked above: `how`), and `len` is within it (checked
-        // above); it moves into `posted` right after a
-        // successful post and leaves only by `complete` (the completion of
-        // its last work request, `wr_id`, was polled: send queue order
-        // means the fenced WRITE before it completed too) or after the QP
-        // is destroyed; the CPU never touches a UserMr's buffer while it is
-        // registered.
+        // `local` moves into `posted` right after a successful post and leaves
+        // only by `complete` (the completion of its last work request, `wr_id`,
+        // was polled: send queue order means the fenced WRITE before it
+        // completed too) or after the QP is destroyed.
+        // SAFETY: `local` is registered on this QP's PD (the exposure PD), with
+        // local write for a READ and `len` within it (checked above: `how`,
+        // `len`); it stays posted as said just above, untouched by the CPU.
         if let Err(e) = unsafe { self.qp.post_one_sided(&d) } {
             return Err(Box::new(PostFail::NotPosted(local, e)));
         }

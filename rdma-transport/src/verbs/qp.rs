@@ -236,10 +236,9 @@ impl Qp {
             let base = wrs.as_mut_ptr().cast::<ibv_send_wr>();
             let sbase = sges.as_mut_ptr().cast::<ibv_sge>();
             for i in 0..n {
-                // SAFETY: i < n <= POST_BATCH: both pointers stay inside
-                // their arrays, which live on this frame across the call,
-                // and entries 0..n were written above (MaybeUninit<T> has
-                // T's layout).
+                // SAFETY: i < n <= POST_BATCH: both pointers stay inside their arrays, which live
+                // on this frame across the call, and entries 0..n were written above
+                // (MaybeUninit<T> has T's layout).
                 unsafe {
                     (*base.add(i)).sg_list = sbase.add(i);
                     if i + 1 < n {
