@@ -166,8 +166,11 @@ impl SideState {
                 }
                 // The queue pair failed under it (flushed, terminated, the
                 // peer gone): retried, unless it turns out to be the cause.
-                s if RETRYABLE.contains(&s) => self.failed.push((wc.wr_id, local, p)),
-                // A local error: a fault of ours, not retried.
+                // On iWARP every other status too: beside a refused READ,
+                // siw was seen to fail a good READ with LOC_LEN_ERR (§10.3).
+                s if RETRYABLE.contains(&s) || self.iwarp => self.failed.push((wc.wr_id, local, p)),
+                // A local error (InfiniBand, RoCE): a fault of ours, not
+                // retried.
                 s => {
                     self.cause_known = true;
                     let e =
