@@ -17,7 +17,10 @@
 //! * `halves`: [`SendHalf`], [`RecvHalf`], [`InlineStop`],
 //! * `driver`: the per-connection task (§8),
 //! * `spin`: the driver's busy-poll budget (`Config::poll_mode`),
-//! * `side`: the side queue pair of one-sided access (§10.2),
+//! * `side`: the side queue pair of one-sided access (§10.2); `side_core`:
+//!   its operations, shared by their callers and its task; `side_reply`:
+//!   how an operation's answer reaches its caller; `poll_lock`: the lock
+//!   of its state, on which no thread blocks,
 //! * `events`: waiting for rdma_cm events.
 
 mod admission;
@@ -25,11 +28,13 @@ mod driver;
 mod events;
 mod halves;
 mod listener;
+mod poll_lock;
 mod resources;
 mod setup;
 mod shared;
 mod side;
 mod side_core;
+mod side_reply;
 mod spin;
 
 use std::net::SocketAddr;
@@ -50,6 +55,7 @@ pub(crate) use self::side::open_side;
 #[cfg(feature = "test-util")]
 pub(crate) use self::side::raw_side_request;
 pub(crate) use self::side_core::SideCore;
+pub(crate) use self::side_reply::Reply;
 // The setup steps `testing::RawPeer` takes as `connect` does.
 #[cfg(feature = "test-util")]
 pub(crate) use self::events::{next_event, CmFd};

@@ -443,10 +443,10 @@ impl SideTask {
         failed.sort_by_key(|(wr_id, _, _)| *wr_id);
         for (i, (_, local, p)) in failed.into_iter().enumerate() {
             let first = i == 0 && !cause_known;
-            let _ = p.reply.send(OpResult::Flushed(local, first));
+            p.reply.send(OpResult::Flushed(local, first));
         }
         for op in waiting {
-            let _ = op.reply.send(OpResult::Flushed(op.local, false));
+            op.reply.send(OpResult::Flushed(op.spec.local, false));
         }
         let _ = core.cq.consume_events();
         if why.is_err() {

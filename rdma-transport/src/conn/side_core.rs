@@ -24,11 +24,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
+use super::poll_lock::{PollGuard, PollLock};
 use super::side::SIDE_DEPTH;
+use super::side_reply::{LoneReceiver, LoneSlot, Reply};
 use crate::config::PollMode;
 use crate::error::{Error, RemoteError};
 use crate::mem::{ByWrId, PostFail, SideQp, Transfer, UserMr, FENCED_WRITE};
-use crate::remote::{Op, OpResult};
+use crate::remote::{Op, OpResult, OpSpec};
 use crate::verbs::{Cq, Wc};
 
 /// IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR.
@@ -50,7 +52,7 @@ pub(crate) fn unavailable(why: impl Into<String>) -> Error {
 
 /// What is kept of a posted operation (its buffer is in the `SideQp`).
 pub(crate) struct Posted {
-    pub(crate) reply: oneshot::Sender<OpResult>,
+    pub(crate) reply: Reply,
 }
 
 /// The state of one side queue pair, under [`SideCore`]'s lock.
@@ -95,18 +97,21 @@ impl SideState {
                 return Err(unavailable("the side queue pair is gone"));
             };
             let t = Transfer {
-                read: op.read,
-                len: op.len,
-                remote_addr: op.remote_addr,
-                rkey: op.rkey,
+                read: op.spec.read,
+                len: op.spec.len,
+                remote_addr: op.spec.remote_addr,
+                rkey: op.spec.rkey,
             };
-            match sq.post(wr_id, self.iwarp, op.local, t) {
+            match sq.post(wr_id, self.iwarp, op.spec.local, t) {
                 Ok(()) => self.inflight.insert(wr_id, Posted { reply: op.reply }),
                 Err(b) => match *b {
                     PostFail::NotPosted(local, e) => {
                         // Not posted: the QP failed (or refused the
                         // request); the operation goes back for a retry.
-                        self.waiting.push_front(Op { local, ..op });
+                        self.waiting.push_front(Op {
+                            spec: OpSpec { local, ..op.spec },
+                            reply: op.reply,
+                        });
                         return Err(e);
                     }
                     PostFail::Posted(e) => {
@@ -142,7 +147,7 @@ impl SideState {
             };
             let Some(local) = local else { continue };
             if wc.status == 0 {
-                let _ = p.reply.send(OpResult::Done(local));
+                p.reply.send(OpResult::Done(local));
                 continue;
             }
             let status = Cq::status_str(wc.status);
@@ -162,7 +167,7 @@ impl SideState {
                 WC_REM_ACCESS_ERR | WC_REM_INV_REQ_ERR => {
                     self.cause_known = true;
                     let e = Error::Remote(RemoteError::Refused { status });
-                    let _ = p.reply.send(OpResult::Failed(e));
+                    p.reply.send(OpResult::Failed(e));
                 }
                 // The queue pair failed under it (flushed, terminated, the
                 // peer gone): retried, unless it turns out to be the cause.
@@ -175,7 +180,7 @@ impl SideState {
                     self.cause_known = true;
                     let e =
                         unavailable(format!("the side queue pair failed: {status} (status {s})"));
-                    let _ = p.reply.send(OpResult::Failed(e));
+                    p.reply.send(OpResult::Failed(e));
                 }
             }
         }
@@ -205,10 +210,12 @@ impl SideState {
 /// One side queue pair's operations, shared by its callers (through the
 /// [`SideLink`](crate::remote::SideLink)) and its task.
 pub(crate) struct SideCore {
-    /// An async lock: a post on rxe can do its transfer's kernel work
-    /// inline, and a worker thread blocked behind it would strand the
-    /// tasks in its run queue.
-    state: tokio::sync::Mutex<SideState>,
+    /// No thread ever blocks on it: a post on rxe can do its transfer's
+    /// kernel work inline, and a worker thread blocked behind it would
+    /// strand the tasks in its run queue (`poll_lock`).
+    state: PollLock<SideState>,
+    /// The answer of the lone operation whose caller polls.
+    lone: Arc<LoneSlot>,
     pub(crate) cq: Arc<Cq>,
     pub(crate) gen: u64,
     /// `Config::one_sided_poll_mode` (else `poll_mode`) and
@@ -247,7 +254,7 @@ impl SideCore {
         busy_poll: Duration,
     ) -> SideCore {
         SideCore {
-            state: tokio::sync::Mutex::new(SideState {
+            state: PollLock::new(SideState {
                 sq: Some(sq),
                 inflight: ByWrId::default(),
                 waiting: VecDeque::new(),
@@ -259,6 +266,7 @@ impl SideCore {
                 broken: None,
                 ended: false,
             }),
+            lone: Arc::default(),
             cq,
             gen,
             mode,
@@ -286,7 +294,7 @@ impl SideCore {
         self.posted.load(Ordering::Acquire) > 0 || !self.queue().ops.is_empty()
     }
 
-    pub(crate) async fn lock(&self) -> tokio::sync::MutexGuard<'_, SideState> {
+    pub(crate) async fn lock(&self) -> PollGuard<'_, SideState> {
         self.state.lock().await
     }
 
@@ -299,47 +307,64 @@ impl SideCore {
         self.kick.notify_one();
     }
 
-    /// Takes `op`: when nothing else is posted or waiting and no caller
-    /// polls, posts it at once and makes its caller the poller (`Ok(true)`:
-    /// the caller polls in [`SideCore::wait`]); otherwise queues it for
-    /// the task, which posts and polls for it (`Ok(false)`). `Err` gives it
-    /// back when the queue pair no longer takes operations (its task is
-    /// shutting it down).
-    pub(crate) fn submit(&self, op: Op) -> Result<bool, Box<Op>> {
+    /// Takes `spec`: when nothing else is posted or waiting and no caller
+    /// polls, posts it at once and makes its caller the poller (who polls
+    /// in [`SideCore::wait`] for its answer in the lone slot); otherwise
+    /// queues it for the task, which posts and polls for it (the answer
+    /// comes by a channel). `Err` gives it back when the queue pair no
+    /// longer takes operations (its task is shutting it down).
+    pub(crate) fn submit(&self, spec: OpSpec) -> Result<Answer, Box<OpSpec>> {
         {
             let mut q = self.queue();
             if q.closed {
-                return Err(Box::new(op));
+                return Err(Box::new(spec));
             }
             let alone = self.budget() != Some(Duration::ZERO)
                 && q.ops.is_empty()
                 && self.posted.load(Ordering::Acquire) == 0
                 && !self.polling.swap(true, Ordering::Acquire);
             if !alone {
-                q.ops.push_back(op);
+                let (tx, rx) = oneshot::channel();
+                q.ops.push_back(Op {
+                    spec,
+                    reply: Reply::Chan(tx),
+                });
                 drop(q);
                 self.kick.notify_one();
-                return Ok(false);
+                return Ok(Answer::Chan(rx));
             }
         }
-        let Ok(mut st) = self.state.try_lock() else {
+        let Some(mut st) = self.state.try_lock() else {
             // The task holds it (posting or polling): it takes this one too.
             self.polling.store(false, Ordering::Release);
-            self.queue().ops.push_back(op);
+            let (tx, rx) = oneshot::channel();
+            let mut q = self.queue();
+            if q.closed {
+                return Err(Box::new(spec));
+            }
+            q.ops.push_back(Op {
+                spec,
+                reply: Reply::Chan(tx),
+            });
+            drop(q);
             self.kick.notify_one();
-            return Ok(false);
+            return Ok(Answer::Chan(rx));
         };
         if st.ended || st.broken.is_some() {
             self.polling.store(false, Ordering::Release);
-            return Err(Box::new(op));
+            return Err(Box::new(spec));
         }
-        st.waiting.push_back(op);
+        let (tx, rx) = self.lone.start();
+        st.waiting.push_back(Op {
+            spec,
+            reply: Reply::Lone(tx),
+        });
         if let Err(e) = st.post_waiting() {
             // What was not posted is answered (flushed) by the shutdown.
             self.fail(&mut st, e);
         }
         self.sync(&st);
-        Ok(true)
+        Ok(Answer::Lone(rx))
     }
 
     /// Posts what callers queued (unless the queue pair is ending).
@@ -387,7 +412,9 @@ impl SideCore {
                 self.fail(st, e);
                 return total;
             }
-            if n == 0 {
+            // Fewer than asked for: the CQ was empty (one poll, not two,
+            // for a lone operation).
+            if n < 32 {
                 break;
             }
         }
@@ -400,21 +427,19 @@ impl SideCore {
         total
     }
 
-    /// Waits for the answer of an operation this caller submitted (§10.5).
+    /// Waits for the answer of an operation this caller submitted (§10.5);
+    /// `None` if it was dropped unanswered (a runtime shutting down).
     /// The poller ([`SideCore::submit`]) polls the CQ itself (`Spin`: until
     /// its answer comes; otherwise for `busy_poll`), letting the runtime
     /// run other tasks every few polls; the others, and a poller that
     /// stops with operations still posted, leave the wait to the task and
     /// sleep. If a poller's future is dropped, the task takes the wait
     /// over, so a posted buffer is always collected.
-    pub(crate) async fn wait(
-        &self,
-        mut rx: oneshot::Receiver<OpResult>,
-        poller: bool,
-    ) -> Result<OpResult, oneshot::error::RecvError> {
-        if !poller {
-            return rx.await;
-        }
+    pub(crate) async fn wait(&self, answer: Answer) -> Option<OpResult> {
+        let rx = match answer {
+            Answer::Chan(rx) => return rx.await.ok(),
+            Answer::Lone(rx) => rx,
+        };
         let budget = self.budget();
         let mut handover = Handover {
             core: self,
@@ -425,25 +450,15 @@ impl SideCore {
         let start = budget.map(|_| Instant::now());
         let mut polls: u32 = 0;
         loop {
-            match rx.try_recv() {
-                Ok(r) => {
-                    handover.kick = false;
-                    return Ok(r);
-                }
-                Err(oneshot::error::TryRecvError::Closed) => {
-                    handover.kick = false;
-                    return rx.await;
-                }
-                Err(oneshot::error::TryRecvError::Empty) => {}
+            if let Some(r) = self.lone.try_take(&rx) {
+                handover.kick = false;
+                return r;
             }
-            {
-                let st = self.state.try_lock().ok();
-                if let Some(mut st) = st {
-                    if st.ended || st.broken.is_some() {
-                        break;
-                    }
-                    self.poll_locked(&mut st);
+            if let Some(mut st) = self.state.try_lock() {
+                if st.ended || st.broken.is_some() {
+                    break;
                 }
+                self.poll_locked(&mut st);
             }
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(POLLS_PER_YIELD) {
@@ -457,8 +472,16 @@ impl SideCore {
             std::hint::spin_loop();
         }
         drop(handover);
-        rx.await
+        self.lone.take(&rx).await
     }
+}
+
+/// How a caller of [`SideCore::submit`] gets its answer.
+pub(crate) enum Answer {
+    /// It polls, and finds the answer in the lone slot.
+    Lone(LoneReceiver),
+    /// The side task answers by this channel.
+    Chan(oneshot::Receiver<OpResult>),
 }
 
 /// The polling caller's turn ([`SideCore::wait`]): when it ends, another

@@ -22,7 +22,7 @@ use bytes::{Bytes, BytesMut};
 use crate::error::{Error, RemoteError};
 use crate::mem::{read_buffer, read_bytes, write_buffer, MrUse, UserMr};
 
-pub(crate) use self::state::{Op, OpResult, RemoteShared, Role, SideLink};
+pub(crate) use self::state::{Op, OpResult, OpSpec, RemoteShared, Role, SideLink};
 
 /// The access an exposure grants the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,7 +283,7 @@ impl RemoteMemory {
         s.usable()?;
         let pd = s.pd()?;
         let cache = s.cache()?;
-        let local = read_buffer(&cache, len, pd, s.cfg.global_max_registered_bytes)?;
+        let local = read_buffer(cache, len, pd, s.cfg.global_max_registered_bytes)?;
         let done = s.run(true, local, len, remote, key.rkey).await?;
         read_bytes(done, len).ok_or_else(|| {
             Error::Remote(RemoteError::Unavailable(
@@ -312,7 +312,7 @@ impl RemoteMemory {
         let pd = s.pd()?;
         let len = data.len();
         let cache = s.cache()?;
-        let local = write_buffer(&cache, data, pd, s.cfg.global_max_registered_bytes)?;
+        let local = write_buffer(cache, data, pd, s.cfg.global_max_registered_bytes)?;
         let done = s.run(false, local, len, remote, key.rkey).await?;
         drop(done);
         Ok(())

@@ -4,14 +4,14 @@
 //! side opens it, the listener side waits for the active side to.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::conn::SideCore;
+use crate::conn::{Reply, SideCore};
 use crate::engine::wire::{Hello, SideToken};
 use crate::error::{Error, RemoteError, ResourceError};
 use crate::mem::{LocalCache, UserMr};
@@ -31,16 +31,21 @@ pub(crate) enum Role {
     Passive,
 }
 
-/// One READ or WRITE handed to a side queue pair, which owns it (and its
-/// buffer) until its completion is polled.
-pub(crate) struct Op {
+/// One READ or WRITE: what to move, and the buffer to move it from or to.
+pub(crate) struct OpSpec {
     pub(crate) read: bool,
     pub(crate) local: UserMr,
     /// Bytes moved: the first `len` of `local`.
     pub(crate) len: usize,
     pub(crate) remote_addr: u64,
     pub(crate) rkey: u32,
-    pub(crate) reply: oneshot::Sender<OpResult>,
+}
+
+/// One READ or WRITE handed to a side queue pair, which owns it (and its
+/// buffer) until its completion is polled, and where its answer goes.
+pub(crate) struct Op {
+    pub(crate) spec: OpSpec,
+    pub(crate) reply: Reply,
 }
 
 /// How an [`Op`] ended.
@@ -96,6 +101,8 @@ pub(crate) struct RemoteShared {
     /// Active side: one opener at a time.
     open_lock: tokio::sync::Mutex<()>,
     closed: watch::Sender<bool>,
+    /// `closed`'s value, read without the watch's lock by every operation.
+    is_closed: AtomicBool,
     next_gen: AtomicU64,
 }
 
@@ -132,6 +139,7 @@ impl RemoteShared {
             side: watch::Sender::new(None),
             open_lock: tokio::sync::Mutex::new(()),
             closed: watch::Sender::new(false),
+            is_closed: AtomicBool::new(false),
             next_gen: AtomicU64::new(1),
         })
     }
@@ -140,6 +148,7 @@ impl RemoteShared {
     /// pair's task stops (and disconnects it); exposures stay registered
     /// until revoked or dropped, but no queue pair can reach them.
     pub(crate) fn close(&self) {
+        self.is_closed.store(true, Ordering::SeqCst);
         self.closed.send_replace(true);
         self.side.send_replace(None);
         // Kept (closed): its buffers still in use count until dropped.
@@ -150,7 +159,7 @@ impl RemoteShared {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        *self.closed.borrow()
+        self.is_closed.load(Ordering::SeqCst)
     }
 
     /// The side queue pair in use, watched: a side task whose generation
@@ -197,13 +206,13 @@ impl RemoteShared {
     }
 
     /// The cache of local buffers (§10.5), in the exposure PD.
-    pub(crate) fn cache(&self) -> Result<Arc<LocalCache>, Error> {
+    pub(crate) fn cache(&self) -> Result<&Arc<LocalCache>, Error> {
         if let Some(c) = self.cache.get() {
-            return Ok(c.clone());
+            return Ok(c);
         }
         let _g = self.init.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = self.cache.get() {
-            return Ok(c.clone());
+            return Ok(c);
         }
         let c = LocalCache::new(
             self.pd_locked()?.clone(),
@@ -211,11 +220,11 @@ impl RemoteShared {
             self.cfg.global_max_registered_bytes,
         );
         if !self.is_closed() {
-            Ok(self.cache.get_or_init(|| c).clone())
+            Ok(self.cache.get_or_init(|| c))
         } else {
             // Closed (under `init`, so `close` has run): not kept.
             c.close();
-            Ok(c)
+            Err(Error::Remote(RemoteError::Closed))
         }
     }
 
@@ -358,27 +367,25 @@ impl RemoteShared {
                     .fetch_add(1, Ordering::Relaxed);
             }
             let link = self.side(failed).await?;
-            let (tx, rx) = oneshot::channel();
-            let op = Op {
+            let spec = OpSpec {
                 read,
                 local,
                 len,
                 remote_addr,
                 rkey,
-                reply: tx,
             };
-            let poller = match link.core.submit(op) {
-                Ok(p) => p,
-                Err(op) => {
+            let answer = match link.core.submit(spec) {
+                Ok(a) => a,
+                Err(spec) => {
                     // The queue pair failed before we posted.
-                    local = op.local;
+                    local = spec.local;
                     failed = Some(link.gen());
                     continue;
                 }
             };
-            match link.core.wait(rx, poller).await {
-                Ok(OpResult::Done(l)) => return Ok(l),
-                Ok(OpResult::Flushed(l, first)) => {
+            match link.core.wait(answer).await {
+                Some(OpResult::Done(l)) => return Ok(l),
+                Some(OpResult::Flushed(l, first)) => {
                     local = l;
                     failed = Some(link.gen());
                     if first {
@@ -393,10 +400,10 @@ impl RemoteShared {
                         }
                     }
                 }
-                Ok(OpResult::Failed(e)) => return Err(e),
+                Some(OpResult::Failed(e)) => return Err(e),
                 // The task never drops an op without replying; should it
                 // (a runtime shutting down), the buffer went with it.
-                Err(_) => {
+                None => {
                     return Err(Error::Remote(RemoteError::Unavailable(
                         "the side queue pair's task ended".into(),
                     )))
