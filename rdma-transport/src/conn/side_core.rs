@@ -315,7 +315,7 @@ impl SideCore {
     /// longer takes operations (its task is shutting it down).
     pub(crate) fn submit(&self, spec: OpSpec) -> Result<Answer, Box<OpSpec>> {
         {
-            let mut q = self.queue();
+            let q = self.queue();
             if q.closed {
                 return Err(Box::new(spec));
             }
@@ -324,37 +324,25 @@ impl SideCore {
                 && self.posted.load(Ordering::Acquire) == 0
                 && !self.polling.swap(true, Ordering::Acquire);
             if !alone {
-                let (tx, rx) = oneshot::channel();
-                q.ops.push_back(Op {
-                    spec,
-                    reply: Reply::Chan(tx),
-                });
-                drop(q);
-                self.kick.notify_one();
-                return Ok(Answer::Chan(rx));
+                return self.queue_for_task(q, spec);
             }
         }
         let Some(mut st) = self.state.try_lock() else {
             // The task holds it (posting or polling): it takes this one too.
             self.polling.store(false, Ordering::Release);
-            let (tx, rx) = oneshot::channel();
-            let mut q = self.queue();
-            if q.closed {
-                return Err(Box::new(spec));
-            }
-            q.ops.push_back(Op {
-                spec,
-                reply: Reply::Chan(tx),
-            });
-            drop(q);
-            self.kick.notify_one();
-            return Ok(Answer::Chan(rx));
+            return self.queue_for_task(self.queue(), spec);
         };
         if st.ended || st.broken.is_some() {
             self.polling.store(false, Ordering::Release);
             return Err(Box::new(spec));
         }
-        let (tx, rx) = self.lone.start();
+        let Some((tx, rx)) = self.lone.try_start() else {
+            // The last lone operation's caller has not taken its answer
+            // yet (it stopped polling): the task takes this one.
+            drop(st);
+            self.polling.store(false, Ordering::Release);
+            return self.queue_for_task(self.queue(), spec);
+        };
         st.waiting.push_back(Op {
             spec,
             reply: Reply::Lone(tx),
@@ -365,6 +353,26 @@ impl SideCore {
         }
         self.sync(&st);
         Ok(Answer::Lone(rx))
+    }
+
+    /// Queues `spec` for the task (`q` is the queue, locked), answered by a
+    /// channel; `Err` when the queue pair takes no more operations.
+    fn queue_for_task(
+        &self,
+        mut q: MutexGuard<'_, Queue>,
+        spec: OpSpec,
+    ) -> Result<Answer, Box<OpSpec>> {
+        if q.closed {
+            return Err(Box::new(spec));
+        }
+        let (tx, rx) = oneshot::channel();
+        q.ops.push_back(Op {
+            spec,
+            reply: Reply::Chan(tx),
+        });
+        drop(q);
+        self.kick.notify_one();
+        Ok(Answer::Chan(rx))
     }
 
     /// Posts what callers queued (unless the queue pair is ending).
@@ -450,7 +458,7 @@ impl SideCore {
         let start = budget.map(|_| Instant::now());
         let mut polls: u32 = 0;
         loop {
-            if let Some(r) = self.lone.try_take(&rx) {
+            if let Some(r) = rx.try_take() {
                 handover.kick = false;
                 return r;
             }
@@ -472,7 +480,7 @@ impl SideCore {
             std::hint::spin_loop();
         }
         drop(handover);
-        self.lone.take(&rx).await
+        rx.take().await
     }
 }
 

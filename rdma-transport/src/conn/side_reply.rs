@@ -53,12 +53,16 @@ enum Slot {
     Dropped,
 }
 
-/// The answer of a side queue pair's lone operation (at most one at a
-/// time: `SideCore::submit` makes one caller the poller). Each lone
-/// operation gets a fresh sequence number; an answer for an older one (its
-/// caller gone) is dropped rather than kept.
+/// The answer of a side queue pair's lone operation. One at a time: the
+/// slot is taken by [`LoneSlot::try_start`] and free again only when its
+/// [`LoneReceiver`] is dropped (the answer taken, or the caller gone), so
+/// an answer waiting for a caller that stopped polling is never dropped
+/// for the next operation. Each operation gets a fresh sequence number; an
+/// answer for an older one (its caller gone) is dropped rather than kept.
 pub(crate) struct LoneSlot {
     state: Mutex<(u64, Slot)>,
+    /// Taken by an operation whose receiver lives.
+    busy: AtomicBool,
     /// Whether an answer for the current operation is in.
     filled: AtomicBool,
     /// Wakes a caller that stopped polling.
@@ -69,6 +73,7 @@ impl Default for LoneSlot {
     fn default() -> LoneSlot {
         LoneSlot {
             state: Mutex::new((0, Slot::Empty)),
+            busy: AtomicBool::new(false),
             filled: AtomicBool::new(false),
             ready: Notify::new(),
         }
@@ -80,9 +85,13 @@ impl LoneSlot {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts the next lone operation: an answer left for an older one (its
-    /// caller's future was dropped) is dropped here.
-    pub(crate) fn start(self: &Arc<Self>) -> (LoneSender, LoneReceiver) {
+    /// Starts the next lone operation, unless the slot is taken (`None`):
+    /// an answer left for an older one (its caller's future was dropped) is
+    /// dropped here.
+    pub(crate) fn try_start(self: &Arc<Self>) -> Option<(LoneSender, LoneReceiver)> {
+        if self.busy.swap(true, Ordering::Acquire) {
+            return None;
+        }
         let (seq, stale) = {
             let mut g = self.lock();
             g.0 = g.0.wrapping_add(1);
@@ -90,14 +99,17 @@ impl LoneSlot {
             (g.0, std::mem::replace(&mut g.1, Slot::Empty))
         };
         drop(stale);
-        (
+        Some((
             LoneSender {
                 slot: self.clone(),
                 seq,
                 sent: false,
             },
-            LoneReceiver { seq },
-        )
+            LoneReceiver {
+                slot: self.clone(),
+                seq,
+            },
+        ))
     }
 
     fn put(&self, seq: u64, s: Slot) {
@@ -118,7 +130,7 @@ impl LoneSlot {
 
     /// The answer of `rx`'s operation, if it is in: `Some(None)` when its
     /// sender was dropped unanswered.
-    pub(crate) fn try_take(&self, rx: &LoneReceiver) -> Option<Option<OpResult>> {
+    fn try_take(&self, rx: &LoneReceiver) -> Option<Option<OpResult>> {
         if !self.filled.load(Ordering::Acquire) {
             return None;
         }
@@ -141,7 +153,7 @@ impl LoneSlot {
 
     /// Waits (asleep) for the answer of `rx`'s operation; `None` when its
     /// sender was dropped unanswered.
-    pub(crate) async fn take(&self, rx: &LoneReceiver) -> Option<OpResult> {
+    async fn take(&self, rx: &LoneReceiver) -> Option<OpResult> {
         loop {
             let n = self.ready.notified();
             tokio::pin!(n);
@@ -177,40 +189,89 @@ impl Drop for LoneSender {
     }
 }
 
-/// The receiving end: which lone operation the caller waits for.
+/// The receiving end: which lone operation the caller waits for. Dropping
+/// it frees the slot (and drops an answer not taken).
 pub(crate) struct LoneReceiver {
+    slot: Arc<LoneSlot>,
     seq: u64,
+}
+
+impl LoneReceiver {
+    /// The answer, if it is in: `Some(None)` when the sender was dropped
+    /// unanswered.
+    pub(crate) fn try_take(&self) -> Option<Option<OpResult>> {
+        self.slot.try_take(self)
+    }
+
+    /// Waits (asleep) for the answer; `None` when the sender was dropped
+    /// unanswered.
+    pub(crate) async fn take(&self) -> Option<OpResult> {
+        self.slot.take(self).await
+    }
+}
+
+impl Drop for LoneReceiver {
+    fn drop(&mut self) {
+        let left = {
+            let mut g = self.slot.lock();
+            if g.0 == self.seq {
+                self.slot.filled.store(false, Ordering::Release);
+                Some(std::mem::replace(&mut g.1, Slot::Empty))
+            } else {
+                None
+            }
+        };
+        drop(left);
+        self.slot.busy.store(false, Ordering::Release);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn failed() -> OpResult {
+        OpResult::Failed(crate::Error::Disconnected)
+    }
+
     #[tokio::test]
-    async fn an_answer_reaches_its_own_operation_only() {
+    async fn the_slot_is_taken_until_its_receiver_is_dropped() {
         let slot = Arc::new(LoneSlot::default());
-        let (tx1, rx1) = slot.start();
-        assert!(slot.try_take(&rx1).is_none(), "nothing yet");
-        // The first caller goes away; the second operation starts before
-        // the first one's answer comes.
-        let (tx2, rx2) = slot.start();
-        Reply::Lone(tx1).send(OpResult::Failed(crate::Error::Disconnected));
-        assert!(slot.try_take(&rx2).is_none(), "an older answer is not ours");
-        assert!(slot.try_take(&rx1).is_none(), "and is not kept");
-        Reply::Lone(tx2).send(OpResult::Failed(crate::Error::Disconnected));
+        let (tx1, rx1) = slot.try_start().expect("free");
+        assert!(rx1.try_take().is_none(), "nothing yet");
+        // The caller stopped polling; its answer comes in meanwhile, and
+        // another operation must not take the slot (and drop the answer).
+        Reply::Lone(tx1).send(failed());
+        assert!(slot.try_start().is_none(), "taken until the receiver goes");
+        assert!(matches!(rx1.take().await, Some(OpResult::Failed(_))));
+        assert!(rx1.try_take().is_none(), "taken once");
+        drop(rx1);
+        let (tx2, rx2) = slot.try_start().expect("free again");
+        drop(tx2);
+        assert!(matches!(rx2.try_take(), Some(None)), "told the sender went");
+    }
+
+    #[tokio::test]
+    async fn an_answer_for_a_receiver_gone_is_not_taken_by_the_next() {
+        let slot = Arc::new(LoneSlot::default());
+        let (tx1, rx1) = slot.try_start().expect("free");
+        // The first caller's future is dropped before its answer comes.
+        drop(rx1);
+        let (tx2, rx2) = slot.try_start().expect("free");
+        Reply::Lone(tx1).send(failed());
+        assert!(rx2.try_take().is_none(), "an older answer is not ours");
+        Reply::Lone(tx2).send(OpResult::Failed(crate::Error::Timeout { stage: "t" }));
         assert!(matches!(
-            slot.take(&rx2).await,
-            Some(OpResult::Failed(crate::Error::Disconnected))
+            rx2.take().await,
+            Some(OpResult::Failed(crate::Error::Timeout { .. }))
         ));
-        assert!(slot.try_take(&rx2).is_none(), "taken once");
     }
 
     #[tokio::test]
     async fn a_dropped_sender_wakes_its_caller() {
         let slot = Arc::new(LoneSlot::default());
-        let (tx, rx) = slot.start();
-        let s2 = slot.clone();
-        let waiter = tokio::spawn(async move { s2.take(&rx).await.is_none() });
+        let (tx, rx) = slot.try_start().expect("free");
+        let waiter = tokio::spawn(async move { rx.take().await.is_none() });
         tokio::task::yield_now().await;
         drop(Reply::Lone(tx));
         assert!(waiter.await.unwrap(), "told the sender was dropped");
