@@ -42,6 +42,9 @@ const WC_REM_ACCESS_ERR: u32 = 10;
 /// GENERAL_ERR): siw reports a refused operation with some of them.
 const RETRYABLE: [u32; 9] = [2, 5, 11, 12, 13, 16, 19, 20, 21];
 
+/// Completions taken from the side CQ per poll.
+const POLL_BATCH: usize = 32;
+
 /// Polls between two looks at the clock and two yields to the runtime
 /// while a caller waits.
 const POLLS_PER_YIELD: u32 = 32;
@@ -258,7 +261,7 @@ impl SideCore {
                 sq: Some(sq),
                 inflight: ByWrId::default(),
                 waiting: VecDeque::new(),
-                wcs: Vec::with_capacity(32),
+                wcs: Vec::with_capacity(POLL_BATCH),
                 next_wr: 1,
                 iwarp,
                 cause_known: false,
@@ -408,7 +411,7 @@ impl SideCore {
         let mut total = 0;
         loop {
             st.wcs.clear();
-            let n = match self.cq.poll(&mut st.wcs, 32) {
+            let n = match self.cq.poll(&mut st.wcs, POLL_BATCH) {
                 Ok(n) => n,
                 Err(e) => {
                     self.fail(st, e);
@@ -422,7 +425,7 @@ impl SideCore {
             }
             // Fewer than asked for: the CQ was empty (one poll, not two,
             // for a lone operation).
-            if n < 32 {
+            if n < POLL_BATCH {
                 break;
             }
         }

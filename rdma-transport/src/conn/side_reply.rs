@@ -212,16 +212,21 @@ impl LoneReceiver {
 
 impl Drop for LoneReceiver {
     fn drop(&mut self) {
-        let left = {
-            let mut g = self.slot.lock();
-            if g.0 == self.seq {
-                self.slot.filled.store(false, Ordering::Release);
-                Some(std::mem::replace(&mut g.1, Slot::Empty))
-            } else {
-                None
-            }
-        };
-        drop(left);
+        // An answer not taken gives its buffer back now. An answer taken
+        // leaves nothing (no lock on the usual path); one that comes after
+        // this is dropped by the next `try_start`.
+        if self.slot.filled.load(Ordering::Acquire) {
+            let left = {
+                let mut g = self.slot.lock();
+                if g.0 == self.seq {
+                    self.slot.filled.store(false, Ordering::Release);
+                    Some(std::mem::replace(&mut g.1, Slot::Empty))
+                } else {
+                    None
+                }
+            };
+            drop(left);
+        }
         self.slot.busy.store(false, Ordering::Release);
     }
 }
