@@ -17,7 +17,7 @@ use super::events::{event_name, next_event, CmFd, CqFd};
 use super::halves::{RecvHalf, SendHalf};
 use super::resources::Resources;
 use super::shared::{Cmd, Core, Item, Shared, QUEUED_MSG_OVERHEAD};
-use super::spin::SpinBudget;
+use super::spin::{Ended, SpinBudget};
 use super::{engine_err, io_err, Connection};
 use crate::config::{Config, PollMode};
 use crate::engine::wire::{Hello, Ticket};
@@ -377,6 +377,8 @@ impl Driver {
         let mut spins = 0u32;
         // When the driver last ran out of work (PollMode::Adaptive).
         let mut idle_since: Option<Instant> = None;
+        // The driver slept since `idle_since` (Adaptive's wake-up cost).
+        let mut slept = false;
         loop {
             let mut did = self.take_cmds();
             if self.poll_cq(false)? > 0 {
@@ -392,8 +394,10 @@ impl Driver {
             }
             if did {
                 if let Some(t) = idle_since.take() {
-                    self.spin.note(t.elapsed());
+                    let ended = if slept { Ended::Slept } else { Ended::Polled };
+                    self.spin.note(t.elapsed(), ended);
                 }
+                slept = false;
                 spins += 1;
                 if spins.is_multiple_of(64) {
                     tokio::task::yield_now().await;
@@ -420,6 +424,7 @@ impl Driver {
                 let start = idle_since.unwrap_or_else(Instant::now);
                 let mut got = false;
                 let mut n = 0u32;
+                let mut last: Option<Instant> = None;
                 loop {
                     if self.poll_cq_spin()? > 0 || (self.cmd_open && !self.cmd_rx.is_empty()) {
                         got = true;
@@ -430,8 +435,19 @@ impl Driver {
                         if self.cfg.poll_mode == PollMode::Spin {
                             break;
                         }
-                        if start.elapsed() >= budget {
+                        let now = Instant::now();
+                        if now.duration_since(start) >= budget {
                             break;
+                        }
+                        // §8: the CPU cap. A spin whose yields come back
+                        // late shares its core with other work (this
+                        // worker ran other tasks, or the host took the
+                        // CPU): it stops and the driver sleeps, leaving
+                        // the core to that work.
+                        if let Some(l) = last.replace(now) {
+                            if self.spin.contended(now.duration_since(l)) {
+                                break;
+                            }
                         }
                         // §8: spin cooperatively. Every CLOCK_EVERY polls,
                         // let what else is ready on this worker run (the
@@ -444,11 +460,13 @@ impl Driver {
                 }
                 if got {
                     if let Some(t) = idle_since.take() {
-                        self.spin.note(t.elapsed());
+                        self.spin.note(t.elapsed(), Ended::Polled);
                     }
+                    slept = false;
                     self.step()?;
                     continue;
                 }
+                self.spin.missed();
             }
             let spin = self.cfg.poll_mode == PollMode::Spin;
             if !spin {
@@ -468,8 +486,9 @@ impl Driver {
                 }
                 if self.poll_cq(false)? > 0 {
                     if let Some(t) = idle_since.take() {
-                        self.spin.note(t.elapsed());
+                        self.spin.note(t.elapsed(), Ended::Polled);
                     }
+                    slept = false;
                     self.step()?;
                     continue;
                 }
@@ -486,6 +505,7 @@ impl Driver {
                     self.timer.as_mut().reset(at);
                 }
             }
+            slept = true;
             tokio::select! {
                 biased;
                 r = self.cq_afd.readable(), if !spin => {
@@ -494,14 +514,16 @@ impl Driver {
                     self.stats.bump(|s| &s.cq_events, n as u64);
                     g.clear_ready();
                     if let Some(t) = idle_since.take() {
-                        self.spin.note(t.elapsed());
+                        self.spin.note(t.elapsed(), Ended::Slept);
                     }
+                    slept = false;
                 }
                 c = self.cmd_rx.recv(), if cmds => {
                     self.handle_cmd(c);
                     if let Some(t) = idle_since.take() {
-                        self.spin.note(t.elapsed());
+                        self.spin.note(t.elapsed(), Ended::Slept);
                     }
+                    slept = false;
                 }
                 e = next_event(&self.chan, &self.cm_afd) => {
                     let e = e?;
