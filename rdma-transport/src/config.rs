@@ -12,14 +12,21 @@ use crate::error::{ConfigError, Error};
 /// (`docs/wire-protocol-rdma.md` §8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PollMode {
-    /// Busy-poll for a budget derived from the observed wait for work:
-    /// twice a moving average (1/8 weight per sample) of how long the driver
-    /// went without work before the next completion or command, if that is
-    /// at most `busy_poll`; otherwise not at all (the wait is longer than
-    /// spinning can pay for, so the driver sleeps on the completion channel
-    /// at once). A ping-pong whose round trip fits the bound is answered
-    /// without a sleep and a wake-up; an idle or slow connection costs no
-    /// CPU. The clock is read once every 32 polls, not every poll.
+    /// Busy-poll when a spin is likely to pay, then sleep. The driver
+    /// measures how long it waits for work when the wait ends awake and
+    /// when it ends in a wake-up from the completion channel; the
+    /// difference is what a sleep costs this machine. It spins when the
+    /// expected wait is within `busy_poll / 2` or within twice a measured
+    /// wake-up, for at most twice that wait and 2 ms (or `busy_poll` if
+    /// longer), and sleeps at once otherwise; while it does not spin, one
+    /// idle period in 16 spins anyway to see whether waits got short. A
+    /// spin stops early when its core is crowded (its yields to the runtime
+    /// come back much later than usual: other tasks ran, or the host took
+    /// the CPU), leaving the core to that work. So a ping-pong whose round
+    /// trip is short next to a wake-up is answered without a sleep, an
+    /// idle or slow connection costs almost no CPU, and a busy runtime is
+    /// not slowed by spinning. The clock is read once every 32 polls, not
+    /// every poll (`docs/wire-protocol-rdma.md` §8).
     #[default]
     Adaptive,
     /// Busy-poll for exactly `busy_poll`, then sleep.
@@ -111,9 +118,11 @@ pub struct Config {
     pub write_with_imm: bool,
     /// Busy-poll budget before the driver arms the completion channel and
     /// sleeps (`docs/wire-protocol-rdma.md` §8). With
-    /// [`PollMode::Adaptive`] (the default) the upper bound of the adaptive
-    /// budget, with [`PollMode::Fixed`] the budget itself, ignored by
-    /// [`PollMode::Spin`]. Default 100 µs (0 disables busy-polling).
+    /// [`PollMode::Adaptive`] (the default): waits within half of it are
+    /// always worth a spin, whatever a wake-up costs, and a spin may last
+    /// up to the larger of it and 2 ms; with [`PollMode::Fixed`] the budget
+    /// itself; ignored by [`PollMode::Spin`]. Default 100 µs (0 disables
+    /// busy-polling).
     pub busy_poll: Duration,
     /// How the connection's driver waits for work. Default
     /// [`PollMode::Adaptive`].

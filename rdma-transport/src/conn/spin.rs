@@ -93,7 +93,8 @@ pub(super) struct SpinBudget {
     /// was busy with other work ([`SpinBudget::contended`]).
     crowded: bool,
     /// `Adaptive`: the usual time between two clock checks of a spin
-    /// (`CLOCK_EVERY` polls and a yield with nothing else to run).
+    /// (`CLOCK_EVERY` polls and a yield with nothing else to run): the
+    /// least seen, let up slowly.
     gap: Avg,
 }
 
@@ -217,8 +218,15 @@ impl SpinBudget {
                 self.crowded = true;
                 true
             }
-            _ => {
-                self.gap.add(gap);
+            // The usual gap is the least seen, let up by 1/64 per longer
+            // one (a slower machine, a costlier poll): an average would
+            // creep up under load, by each gap just short of crowded.
+            Some(usual) => {
+                self.gap = Avg(Some(gap.min(usual + usual / 64)));
+                false
+            }
+            None => {
+                self.gap = Avg(Some(gap));
                 false
             }
         }
@@ -403,6 +411,14 @@ mod tests {
         // Still spinning at the next period: crowding is judged per spin.
         assert!(b.sample_now());
         assert!(!b.budget().is_zero());
+        // Gaps just short of crowded, again and again (a loaded core),
+        // do not raise the usual gap enough to hide a crowded one.
+        let mut l = SpinBudget::new(PollMode::Adaptive, 100 * US);
+        assert!(!l.contended(20 * US));
+        for _ in 0..16 {
+            assert!(!l.contended(79 * US));
+        }
+        assert!(l.contended(200 * US));
         // Short gaps below the floor never count, whatever their ratio.
         let mut c = SpinBudget::new(PollMode::Adaptive, 100 * US);
         assert!(!c.contended(US));
