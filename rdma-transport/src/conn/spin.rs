@@ -80,6 +80,9 @@ pub(super) struct SpinBudget {
     awake: Avg,
     /// `Adaptive`: waits that ended in a wake-up, without a spin before.
     asleep: Avg,
+    /// `Adaptive`: the budget outside a probe, from the averages (worked
+    /// out when they change, not at every look).
+    steady: Duration,
     /// `Adaptive`: idle periods since the last one that was timed (see
     /// [`SpinBudget::sample_now`]).
     unsampled: u32,
@@ -108,7 +111,7 @@ const CROWDED_GAP_FLOOR: Duration = Duration::from_micros(10);
 
 impl SpinBudget {
     pub(super) fn new(mode: PollMode, max: Duration) -> SpinBudget {
-        SpinBudget {
+        let mut b = SpinBudget {
             mode,
             max,
             awake: Avg::default(),
@@ -119,7 +122,10 @@ impl SpinBudget {
             missed: false,
             crowded: false,
             gap: Avg::default(),
-        }
+            steady: Duration::ZERO,
+        };
+        b.steady = b.work_out_steady();
+        b
     }
 
     /// Whether to time the idle period that starts now: always while the
@@ -184,6 +190,10 @@ impl SpinBudget {
 
     /// `Adaptive`, outside a probe.
     fn steady_budget(&self) -> Duration {
+        self.steady
+    }
+
+    fn work_out_steady(&self) -> Duration {
         if self.max.is_zero() {
             return Duration::ZERO;
         }
@@ -260,6 +270,7 @@ impl SpinBudget {
             // Nothing seen awake yet: a wait with a sleep in it.
             (Ended::Slept, _, _) => self.asleep.add(w),
         }
+        self.steady = self.work_out_steady();
         self.probing = false;
         self.missed = false;
     }
