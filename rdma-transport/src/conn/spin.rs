@@ -23,8 +23,9 @@
 //! check comes much later than usual, the core ran other work in between
 //! (other tasks of a busy runtime, or the host took the CPU), and the spin
 //! stops so the driver sleeps instead of taking turns with that work. A
-//! spin costs at most two clock checks' worth of polling on a busy core. An idle connection probes rarely (its periods are
-//! long), and so costs almost no CPU.
+//! spin costs at most two clock checks' worth of polling on a busy core.
+//! An idle connection probes rarely (its periods are long), and so costs
+//! almost no CPU.
 
 use std::time::Duration;
 
@@ -98,7 +99,7 @@ pub(super) struct SpinBudget {
     /// `Adaptive`: the usual time between two clock checks of a spin
     /// (`CLOCK_EVERY` polls and a yield with nothing else to run): the
     /// least seen, let up slowly.
-    gap: Avg,
+    usual_gap: Option<Duration>,
 }
 
 /// A spin's clock check that comes this many times later than usual means
@@ -121,7 +122,7 @@ impl SpinBudget {
             probing: false,
             missed: false,
             crowded: false,
-            gap: Avg::default(),
+            usual_gap: None,
             steady: Duration::ZERO,
         };
         b.steady = b.work_out_steady();
@@ -223,7 +224,7 @@ impl SpinBudget {
         if self.mode != PollMode::Adaptive {
             return false;
         }
-        match self.gap.0 {
+        match self.usual_gap {
             Some(usual) if gap > usual * CROWDED_GAP_FACTOR && gap > CROWDED_GAP_FLOOR => {
                 self.crowded = true;
                 true
@@ -232,11 +233,11 @@ impl SpinBudget {
             // one (a slower machine, a costlier poll): an average would
             // creep up under load, by each gap just short of crowded.
             Some(usual) => {
-                self.gap = Avg(Some(gap.min(usual + usual / 64)));
+                self.usual_gap = Some(gap.min(usual + usual / 64));
                 false
             }
             None => {
-                self.gap = Avg(Some(gap));
+                self.usual_gap = Some(gap);
                 false
             }
         }
