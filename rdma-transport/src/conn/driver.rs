@@ -393,11 +393,8 @@ impl Driver {
                 continue;
             }
             if did {
-                if let Some(t) = idle_since.take() {
-                    let ended = if slept { Ended::Slept } else { Ended::Polled };
-                    self.spin.note(t.elapsed(), ended);
-                }
-                slept = false;
+                let ended = if slept { Ended::Slept } else { Ended::Polled };
+                end_idle(&mut idle_since, &mut slept, &mut self.spin, ended);
                 spins += 1;
                 if spins.is_multiple_of(64) {
                     tokio::task::yield_now().await;
@@ -459,10 +456,7 @@ impl Driver {
                     std::hint::spin_loop();
                 }
                 if got {
-                    if let Some(t) = idle_since.take() {
-                        self.spin.note(t.elapsed(), Ended::Polled);
-                    }
-                    slept = false;
+                    end_idle(&mut idle_since, &mut slept, &mut self.spin, Ended::Polled);
                     self.step()?;
                     continue;
                 }
@@ -485,10 +479,7 @@ impl Driver {
                     self.send_cq.arm()?;
                 }
                 if self.poll_cq(false)? > 0 {
-                    if let Some(t) = idle_since.take() {
-                        self.spin.note(t.elapsed(), Ended::Polled);
-                    }
-                    slept = false;
+                    end_idle(&mut idle_since, &mut slept, &mut self.spin, Ended::Polled);
                     self.step()?;
                     continue;
                 }
@@ -513,17 +504,11 @@ impl Driver {
                     let n = self.cq.consume_events()?;
                     self.stats.bump(|s| &s.cq_events, n as u64);
                     g.clear_ready();
-                    if let Some(t) = idle_since.take() {
-                        self.spin.note(t.elapsed(), Ended::Slept);
-                    }
-                    slept = false;
+                    end_idle(&mut idle_since, &mut slept, &mut self.spin, Ended::Slept);
                 }
                 c = self.cmd_rx.recv(), if cmds => {
                     self.handle_cmd(c);
-                    if let Some(t) = idle_since.take() {
-                        self.spin.note(t.elapsed(), Ended::Slept);
-                    }
-                    slept = false;
+                    end_idle(&mut idle_since, &mut slept, &mut self.spin, Ended::Slept);
                 }
                 e = next_event(&self.chan, &self.cm_afd) => {
                     let e = e?;
@@ -643,6 +628,20 @@ impl Drop for Driver {
         let core = self.shared.core().take();
         drop(core);
     }
+}
+
+/// Ends the current idle period: its wait, if it was timed, goes to the
+/// spin budget (`PollMode::Adaptive`, §8) as ended by `ended`.
+fn end_idle(
+    idle_since: &mut Option<Instant>,
+    slept: &mut bool,
+    spin: &mut SpinBudget,
+    ended: Ended,
+) {
+    if let Some(t) = idle_since.take() {
+        spin.note(t.elapsed(), ended);
+    }
+    *slept = false;
 }
 
 /// Polls `cq` until empty into `wcs`, feeding `core`'s engine. Returns the
