@@ -12,6 +12,7 @@
 //! state machine without I/O; the methods of [`Shared`] lock it, ask it, and
 //! do the I/O it calls for.
 
+mod call_box;
 mod opened;
 mod outbox;
 mod queue;
@@ -1146,7 +1147,7 @@ mod tests {
         let l = log.clone();
         let accept: AcceptFn = Arc::new(move |shared: Arc<Shared>, call: OpenCall| {
             let l = l.clone();
-            Box::pin(async move {
+            CallFuture::new(async move {
                 let in_place =
                     std::future::poll_fn(|cx| Poll::Ready(cx.waker().will_wake(Waker::noop())))
                         .await;

@@ -66,8 +66,9 @@ impl CallSvc for CallService {
     }
 }
 
-/// Starts `handle_call` as the session runs calls: boxed once, in the
-/// call's span if the server has a `trace_fn`.
+/// Starts `handle_call` as the session runs calls: boxed once (a box an
+/// ended call left, see [`CallFuture`]), in the call's span if the server
+/// has a `trace_fn`.
 pub(crate) fn start_call<S: CallSvc>(
     svc: S,
     shared: Arc<Shared>,
@@ -75,10 +76,10 @@ pub(crate) fn start_call<S: CallSvc>(
     span: Option<tracing::Span>,
 ) -> CallFuture {
     match span {
-        None => Box::pin(handle_call(svc, shared, call)),
+        None => CallFuture::new(handle_call(svc, shared, call)),
         Some(span) => {
             use tracing::Instrument;
-            Box::pin(handle_call(svc, shared, call).instrument(span))
+            CallFuture::new(handle_call(svc, shared, call).instrument(span))
         }
     }
 }

@@ -206,7 +206,7 @@ impl ServerCall {
     /// Answers UNIMPLEMENTED (an index [`Methods::method`] never returns).
     pub fn unimplemented(self) -> DirectFuture {
         let ServerCall { shared, call, .. } = self;
-        DirectFuture(Box::pin(async move {
+        DirectFuture(CallFuture::new(async move {
             let _end = EndCall {
                 shared: shared.clone(),
                 stream: call.stream,
@@ -273,10 +273,10 @@ impl ServerCall {
             within_deadline(&shared, stream, call_timeout, work).await;
         };
         DirectFuture(match span {
-            None => Box::pin(fut),
+            None => CallFuture::new(fut),
             Some(span) => {
                 use tracing::Instrument;
-                Box::pin(fut.instrument(span))
+                CallFuture::new(fut.instrument(span))
             }
         })
     }

@@ -25,7 +25,7 @@ use tonic::Status;
 use super::Shared;
 
 /// A server call, not started yet: what [`AcceptFn`](super::AcceptFn) returns.
-pub(crate) type CallFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+pub(crate) use super::call_box::CallFuture;
 
 /// The calls one message opened so far (see the module docs).
 #[derive(Default)]
@@ -60,7 +60,7 @@ impl Opened {
         // whatever the call waits for (a future must honour the waker of its
         // latest poll).
         let mut cx = Context::from_waker(Waker::noop());
-        match catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(&mut cx))) {
+        match catch_unwind(AssertUnwindSafe(|| Pin::new(&mut call).poll(&mut cx))) {
             Ok(Poll::Ready(())) => {}
             Ok(Poll::Pending) => spawn(shared, stream, call),
             Err(_) => {
