@@ -707,7 +707,10 @@ pub fn decode_as<P: MethodPath>(
                 ));
             }
             let path = P::from_checked(path);
-            let metadata = r.metadata(limits, 3)?;
+            // Room for what the server adds to a call's request metadata
+            // (`content-type`, `te`, and `grpc-timeout` when there is a
+            // deadline): the map does not grow, and is no larger.
+            let metadata = r.metadata(limits, 2 + usize::from(micros != 0))?;
             Frame::Open {
                 stream,
                 path,

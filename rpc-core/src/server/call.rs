@@ -316,3 +316,57 @@ pub(super) fn send_metadata(shared: &Shared, stream: u32, kind: u8, md: &http::H
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call's request metadata as the server decodes it from OPEN.
+    fn decoded(
+        md: &http::HeaderMap,
+        timeout: Option<Duration>,
+    ) -> (http::HeaderMap, Option<Duration>) {
+        let open = frame::encode_open_with(1, "/pkg.Svc/Method", timeout, md, &[], false, 1 << 16)
+            .expect("encodes");
+        let limits = frame::DecodeLimits {
+            max_metadata_bytes: 1 << 16,
+        };
+        match frame::decode(open, &limits).expect("decodes") {
+            frame::Frame::Open {
+                metadata, timeout, ..
+            } => (metadata, timeout),
+            other => panic!("not OPEN: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_request_headers_fit_in_the_decoded_map() {
+        let mut caller = http::HeaderMap::new();
+        caller.insert("user-agent", http::HeaderValue::from_static("t"));
+        for timeout in [None, Some(Duration::from_secs(1))] {
+            for content_type in [false, true] {
+                let mut md = caller.clone();
+                if content_type {
+                    md.insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/grpc+proto"),
+                    );
+                }
+                let (mut got, t) = decoded(&md, timeout);
+                assert_eq!(t, timeout);
+                let room = got.capacity();
+                request_headers(&mut got, t);
+                assert_eq!(got.capacity(), room, "grew ({timeout:?}, {content_type})");
+                assert_eq!(
+                    got.len(),
+                    md.len() + 1 + usize::from(!content_type) + usize::from(t.is_some())
+                );
+                assert_eq!(got["te"], "trailers");
+                assert_eq!(got.contains_key("grpc-timeout"), t.is_some());
+                if content_type {
+                    assert_eq!(got["content-type"], "application/grpc+proto");
+                }
+            }
+        }
+    }
+}
