@@ -422,7 +422,7 @@ impl SideTask {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let (failed, waiting, cause_known) = {
+        {
             let mut st = core.lock().await;
             // The QP goes before any buffer still posted (now safe to free).
             if let Some(sq) = st.sq.take() {
@@ -433,20 +433,24 @@ impl SideTask {
                 }
             }
             let mut waiting = std::mem::take(&mut st.waiting);
-            waiting.extend(core.queue().ops.drain(..));
-            (std::mem::take(&mut st.failed), waiting, st.cause_known)
-        };
-        // Posting order: the oldest operation the queue pair did not
-        // complete is the likely cause of its failure (§10.3), unless a
-        // status named the cause or none is needed (closed, replaced).
-        let mut failed = failed;
-        failed.sort_by_key(|(wr_id, _, _)| *wr_id);
-        for (i, (_, local, p)) in failed.into_iter().enumerate() {
-            let first = i == 0 && !cause_known;
-            p.reply.send(OpResult::Flushed(local, first));
-        }
-        for op in waiting {
-            op.reply.send(OpResult::Flushed(op.spec.local, false));
+            waiting.extend(core.take_queued());
+            // Posting order: the oldest operation the queue pair did not
+            // complete is the likely cause of its failure (§10.3), unless a
+            // status named the cause or none is needed (closed, replaced).
+            let mut failed = std::mem::take(&mut st.failed);
+            failed.sort_by_key(|(wr_id, _, _)| *wr_id);
+            let cause_known = st.cause_known;
+            // Answered under the lock that destroyed the QP: a lone
+            // operation's sleeping caller that finds the QP gone knows its
+            // answer is in (`SideCore::wait`).
+            for (i, (_, local, p)) in failed.into_iter().enumerate() {
+                let first = i == 0 && !cause_known;
+                st.answer(p.reply, OpResult::Flushed(local, first));
+            }
+            for op in waiting {
+                st.answer(op.reply, OpResult::Flushed(op.spec.local, false));
+            }
+            core.wake_lone(&mut st);
         }
         let _ = core.cq.consume_events();
         if why.is_err() {

@@ -6,6 +6,8 @@
 //! polling) is posted by its caller ([`SideCore::submit`]), which then
 //! polls the side CQ itself while it waits ([`SideCore::wait`]): in the
 //! `Spin` mode until its operation completes, otherwise for `busy_poll`.
+//! Its answer goes into the state it polls under ([`LoneAnswer`]), where
+//! it takes it without a lock or a channel of its own.
 //! Other operations go into a queue under a lock of its own (a caller never
 //! waits for a post or a poll) for the side task, which posts them and
 //! sleeps on the completion channel. Whoever polls answers every operation
@@ -26,7 +28,7 @@ use tokio::sync::{oneshot, Notify};
 
 use super::poll_lock::{PollGuard, PollLock};
 use super::side::SIDE_DEPTH;
-use super::side_reply::{LoneReceiver, LoneSlot, Reply};
+use super::side_reply::{LoneAnswer, Reply};
 use crate::config::PollMode;
 use crate::error::{Error, RemoteError};
 use crate::mem::{ByWrId, PostFail, SideQp, Transfer, UserMr, FENCED_WRITE};
@@ -80,6 +82,11 @@ pub(crate) struct SideState {
     pub(crate) broken: Option<Error>,
     /// The task shuts the queue pair down: no operation is taken any more.
     pub(crate) ended: bool,
+    /// The answer of the lone operation, whose caller polls.
+    lone: LoneAnswer,
+    /// A lone operation's answer was put since the last look (its caller
+    /// may be asleep: [`SideCore::wake_lone`]).
+    lone_put: bool,
 }
 
 impl SideState {
@@ -93,6 +100,15 @@ impl SideState {
                 // Its caller is gone and it was never posted: drop it.
                 continue;
             }
+            self.post_op(op)?;
+        }
+        Ok(())
+    }
+
+    /// Posts `op` (fewer than [`SIDE_DEPTH`] are posted); an operation the
+    /// queue pair did not take goes back to the front of `waiting`.
+    fn post_op(&mut self, op: Op) -> Result<(), Error> {
+        {
             let wr_id = self.next_wr;
             self.next_wr += 1;
             let Some(sq) = self.sq.as_mut() else {
@@ -129,6 +145,21 @@ impl SideState {
         Ok(())
     }
 
+    /// Answers an operation (a caller that is gone drops the answer, and
+    /// with it the local buffer, whose completion was polled).
+    pub(crate) fn answer(&mut self, reply: Reply, r: OpResult) {
+        match reply {
+            Reply::Chan(tx) => {
+                let _ = tx.send(r);
+            }
+            Reply::Lone(seq) => {
+                if self.lone.put(seq, r) {
+                    self.lone_put = true;
+                }
+            }
+        }
+    }
+
     /// Handles polled completions; `Err` after a failed one: the queue
     /// pair is in the error state. A completed operation is answered at
     /// once; one that failed because the queue pair failed is kept in
@@ -150,7 +181,7 @@ impl SideState {
             };
             let Some(local) = local else { continue };
             if wc.status == 0 {
-                p.reply.send(OpResult::Done(local));
+                self.answer(p.reply, OpResult::Done(local));
                 continue;
             }
             let status = Cq::status_str(wc.status);
@@ -170,7 +201,7 @@ impl SideState {
                 WC_REM_ACCESS_ERR | WC_REM_INV_REQ_ERR => {
                     self.cause_known = true;
                     let e = Error::Remote(RemoteError::Refused { status });
-                    p.reply.send(OpResult::Failed(e));
+                    self.answer(p.reply, OpResult::Failed(e));
                 }
                 // The queue pair failed under it (flushed, terminated, the
                 // peer gone): retried, unless it turns out to be the cause.
@@ -183,7 +214,7 @@ impl SideState {
                     self.cause_known = true;
                     let e =
                         unavailable(format!("the side queue pair failed: {status} (status {s})"));
-                    p.reply.send(OpResult::Failed(e));
+                    self.answer(p.reply, OpResult::Failed(e));
                 }
             }
         }
@@ -217,8 +248,13 @@ pub(crate) struct SideCore {
     /// kernel work inline, and a worker thread blocked behind it would
     /// strand the tasks in its run queue (`poll_lock`).
     state: PollLock<SideState>,
-    /// The answer of the lone operation whose caller polls.
-    lone: Arc<LoneSlot>,
+    /// A lone operation's caller is waiting (its [`LoneReceiver`] lives):
+    /// no other starts until it is gone.
+    lone_busy: AtomicBool,
+    /// The lone operation's caller stopped polling and sleeps until
+    /// `lone_ready` tells it its answer is in.
+    lone_asleep: AtomicBool,
+    lone_ready: Notify,
     pub(crate) cq: Arc<Cq>,
     pub(crate) gen: u64,
     /// `Config::one_sided_poll_mode` (else `poll_mode`) and
@@ -237,6 +273,8 @@ pub(crate) struct SideCore {
     queue: Mutex<Queue>,
     /// Work requests posted (`SideQp::outstanding`), read without the lock.
     posted: AtomicUsize,
+    /// Operations in `queue`, read without its lock.
+    queued: AtomicUsize,
 }
 
 /// Operations waiting for the task to post them.
@@ -268,8 +306,12 @@ impl SideCore {
                 failed: Vec::new(),
                 broken: None,
                 ended: false,
+                lone: LoneAnswer::default(),
+                lone_put: false,
             }),
-            lone: Arc::default(),
+            lone_busy: AtomicBool::new(false),
+            lone_asleep: AtomicBool::new(false),
+            lone_ready: Notify::new(),
             cq,
             gen,
             mode,
@@ -278,11 +320,19 @@ impl SideCore {
             polling: AtomicBool::new(false),
             queue: Mutex::default(),
             posted: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
         }
     }
 
     pub(crate) fn queue(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the operations callers queued.
+    pub(crate) fn take_queued(&self) -> VecDeque<Op> {
+        let mut q = self.queue();
+        self.queued.store(0, Ordering::Release);
+        std::mem::take(&mut q.ops)
     }
 
     /// Records how many work requests are posted, for readers without the
@@ -294,7 +344,7 @@ impl SideCore {
 
     /// Whether anything is posted or queued (without the state lock).
     pub(crate) fn busy(&self) -> bool {
-        self.posted.load(Ordering::Acquire) > 0 || !self.queue().ops.is_empty()
+        self.posted.load(Ordering::Acquire) > 0 || self.queued.load(Ordering::Acquire) > 0
     }
 
     pub(crate) async fn lock(&self) -> PollGuard<'_, SideState> {
@@ -312,45 +362,49 @@ impl SideCore {
 
     /// Takes `spec`: when nothing else is posted or waiting and no caller
     /// polls, posts it at once and makes its caller the poller (who polls
-    /// in [`SideCore::wait`] for its answer in the lone slot); otherwise
-    /// queues it for the task, which posts and polls for it (the answer
-    /// comes by a channel). `Err` gives it back when the queue pair no
-    /// longer takes operations (its task is shutting it down).
-    pub(crate) fn submit(&self, spec: OpSpec) -> Result<Answer, Box<OpSpec>> {
-        {
-            let q = self.queue();
-            if q.closed {
-                return Err(Box::new(spec));
-            }
-            let alone = self.budget() != Some(Duration::ZERO)
-                && q.ops.is_empty()
-                && self.posted.load(Ordering::Acquire) == 0
-                && !self.polling.swap(true, Ordering::Acquire);
-            if !alone {
-                return self.queue_for_task(q, spec);
-            }
+    /// in [`SideCore::wait`] for its answer in the state's [`LoneAnswer`]);
+    /// otherwise queues it for the task, which posts and polls for it (the
+    /// answer comes by a channel). `Err` gives it back when the queue pair
+    /// no longer takes operations (its task is shutting it down).
+    pub(crate) fn submit(&self, spec: OpSpec) -> Result<Answer<'_>, Box<OpSpec>> {
+        let alone = self.budget() != Some(Duration::ZERO)
+            && self.queued.load(Ordering::Acquire) == 0
+            && self.posted.load(Ordering::Acquire) == 0
+            && !self.polling.swap(true, Ordering::Acquire);
+        if !alone {
+            return self.queue_for_task(self.queue(), spec);
         }
         let Some(mut st) = self.state.try_lock() else {
             // The task holds it (posting or polling): it takes this one too.
             self.polling.store(false, Ordering::Release);
             return self.queue_for_task(self.queue(), spec);
         };
+        // Checked under the state lock: the shutdown marks the state ended
+        // under it, and answers whatever is posted by then.
         if st.ended || st.broken.is_some() {
             self.polling.store(false, Ordering::Release);
             return Err(Box::new(spec));
         }
-        let Some((tx, rx)) = self.lone.try_start() else {
+        if self.lone_busy.swap(true, Ordering::Acquire) {
             // The last lone operation's caller has not taken its answer
             // yet (it stopped polling): the task takes this one.
             drop(st);
             self.polling.store(false, Ordering::Release);
             return self.queue_for_task(self.queue(), spec);
-        };
-        st.waiting.push_back(Op {
+        }
+        let seq = st.lone.start();
+        let rx = LoneReceiver { core: self, seq };
+        let op = Op {
             spec,
-            reply: Reply::Lone(tx),
-        });
-        if let Err(e) = st.post_waiting() {
+            reply: Reply::Lone(seq),
+        };
+        let posted = if st.waiting.is_empty() && st.inflight.len() < SIDE_DEPTH as usize {
+            st.post_op(op)
+        } else {
+            st.waiting.push_back(op);
+            st.post_waiting()
+        };
+        if let Err(e) = posted {
             // What was not posted is answered (flushed) by the shutdown.
             self.fail(&mut st, e);
         }
@@ -364,7 +418,7 @@ impl SideCore {
         &self,
         mut q: MutexGuard<'_, Queue>,
         spec: OpSpec,
-    ) -> Result<Answer, Box<OpSpec>> {
+    ) -> Result<Answer<'_>, Box<OpSpec>> {
         if q.closed {
             return Err(Box::new(spec));
         }
@@ -373,6 +427,7 @@ impl SideCore {
             spec,
             reply: Reply::Chan(tx),
         });
+        self.queued.store(q.ops.len(), Ordering::Release);
         drop(q);
         self.kick.notify_one();
         Ok(Answer::Chan(rx))
@@ -383,7 +438,9 @@ impl SideCore {
         if st.ended || st.broken.is_some() {
             return;
         }
-        st.waiting.extend(self.queue().ops.drain(..));
+        if self.queued.load(Ordering::Acquire) > 0 {
+            st.waiting.extend(self.take_queued());
+        }
         if st.waiting.is_empty() {
             return;
         }
@@ -405,6 +462,23 @@ impl SideCore {
     /// what waits; the number of completions. A failure marks the queue
     /// pair failed for its task.
     pub(crate) fn poll_locked(&self, st: &mut SideState) -> usize {
+        let n = self.poll_cq(st);
+        self.wake_lone(st);
+        n
+    }
+
+    /// Wakes the lone operation's caller if its answer was put while it
+    /// sleeps. (Its caller sets `lone_asleep` before it looks under the
+    /// lock, and the answer is put under the lock: either it finds the
+    /// answer, or this sees it asleep.)
+    pub(crate) fn wake_lone(&self, st: &mut SideState) {
+        if std::mem::take(&mut st.lone_put) && self.lone_asleep.load(Ordering::SeqCst) {
+            self.lone_ready.notify_one();
+        }
+    }
+
+    /// [`Self::poll_locked`] but for waking the lone operation's caller.
+    fn poll_cq(&self, st: &mut SideState) -> usize {
         if st.broken.is_some() || st.sq.is_none() {
             return 0;
         }
@@ -446,7 +520,7 @@ impl SideCore {
     /// stops with operations still posted, leave the wait to the task and
     /// sleep. If a poller's future is dropped, the task takes the wait
     /// over, so a posted buffer is always collected.
-    pub(crate) async fn wait(&self, answer: Answer) -> Option<OpResult> {
+    pub(crate) async fn wait(&self, answer: Answer<'_>) -> Option<OpResult> {
         let rx = match answer {
             Answer::Chan(rx) => return rx.await.ok(),
             Answer::Lone(rx) => rx,
@@ -461,15 +535,20 @@ impl SideCore {
         let start = budget.map(|_| Instant::now());
         let mut polls: u32 = 0;
         loop {
-            if let Some(r) = rx.try_take() {
-                handover.kick = false;
-                return r;
-            }
             if let Some(mut st) = self.state.try_lock() {
+                // The task may have answered it while this caller yielded.
+                if let Some(r) = st.lone.take(rx.seq) {
+                    handover.kick = false;
+                    return Some(r);
+                }
                 if st.ended || st.broken.is_some() {
                     break;
                 }
                 self.poll_locked(&mut st);
+                if let Some(r) = st.lone.take(rx.seq) {
+                    handover.kick = false;
+                    return Some(r);
+                }
             }
             polls = polls.wrapping_add(1);
             if polls.is_multiple_of(POLLS_PER_YIELD) {
@@ -483,16 +562,57 @@ impl SideCore {
             std::hint::spin_loop();
         }
         drop(handover);
-        rx.take().await
+        self.sleep_for(&rx).await
+    }
+
+    /// Waits asleep for the answer of the lone operation `rx` (its caller
+    /// stopped polling: the task polls for it); `None` if the queue pair
+    /// was shut down without answering it (the shutdown answers every
+    /// operation, so only a fault of ours could).
+    async fn sleep_for(&self, rx: &LoneReceiver<'_>) -> Option<OpResult> {
+        self.lone_asleep.store(true, Ordering::SeqCst);
+        loop {
+            let n = self.lone_ready.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            {
+                let mut st = self.state.lock().await;
+                if let Some(r) = st.lone.take(rx.seq) {
+                    return Some(r);
+                }
+                if st.ended && st.sq.is_none() {
+                    // Destroyed, and everything answered under the same
+                    // lock (`SideTask::shutdown`).
+                    return None;
+                }
+            }
+            n.await;
+        }
     }
 }
 
 /// How a caller of [`SideCore::submit`] gets its answer.
-pub(crate) enum Answer {
-    /// It polls, and finds the answer in the lone slot.
-    Lone(LoneReceiver),
+pub(crate) enum Answer<'a> {
+    /// It polls, and finds the answer in the state's [`LoneAnswer`].
+    Lone(LoneReceiver<'a>),
     /// The side task answers by this channel.
     Chan(oneshot::Receiver<OpResult>),
+}
+
+/// The caller of the lone operation `seq`: while it lives no other lone
+/// operation starts. An answer it did not take (its future was dropped)
+/// stays in the state until the next lone operation starts, which drops it
+/// (and with it the local buffer, whose completion was polled).
+pub(crate) struct LoneReceiver<'a> {
+    core: &'a SideCore,
+    seq: u64,
+}
+
+impl Drop for LoneReceiver<'_> {
+    fn drop(&mut self) {
+        self.core.lone_asleep.store(false, Ordering::SeqCst);
+        self.core.lone_busy.store(false, Ordering::Release);
+    }
 }
 
 /// The polling caller's turn ([`SideCore::wait`]): when it ends, another
