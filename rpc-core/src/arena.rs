@@ -8,7 +8,11 @@
 //! every piece is a `Bytes` sharing that buffer, slicing and cloning it only
 //! count references, and once every piece of the buffer was dropped the
 //! buffer is reused from its start. A thread that makes one call at a time
-//! therefore allocates nothing here in steady state.
+//! therefore allocates nothing here in steady state. A thread keeps its
+//! previous buffer too: when the current one is used up while some of its
+//! pieces are alive (a BATCH is built while the frames it copies are), the
+//! next pieces go to the previous one if its pieces are gone by then, not
+//! to a new buffer.
 //!
 //! **Memory.** A piece that is kept keeps its whole buffer: at most
 //! [`CHUNK`] bytes per live piece, against the piece's own size. That suits
@@ -29,9 +33,18 @@ pub const CHUNK: usize = 4 * 1024;
 /// on its own.
 pub const MAX_PIECE: usize = CHUNK / 4;
 
+/// A thread's buffers: pieces are carved from `current`; `previous` is
+/// the one before, kept for when `current` is used up while some of its
+/// pieces are alive (a BATCH is built while the frames it copies are).
+#[derive(Default)]
+struct Buffers {
+    current: BytesMut,
+    previous: BytesMut,
+}
+
 thread_local! {
-    /// The thread's buffer; empty (`len() == 0`) between two pieces.
-    static BUF: RefCell<BytesMut> = RefCell::new(BytesMut::new());
+    /// The thread's buffers; empty (`len() == 0`) between two pieces.
+    static BUF: RefCell<Buffers> = RefCell::new(Buffers::default());
 }
 
 /// A piece of about `len` bytes written by `f`, as [`build`] for a writer
@@ -54,17 +67,23 @@ pub fn build<E>(len: usize, f: impl FnOnce(&mut BytesMut) -> Result<(), E>) -> R
         // (`try_with` fails) or from inside `f` itself (`try_borrow_mut`
         // fails): both fall through to an allocation of its own.
         let r = BUF.try_with(|cell| {
-            let Ok(mut b) = cell.try_borrow_mut() else {
+            let Ok(mut bufs) = cell.try_borrow_mut() else {
                 return None;
             };
-            debug_assert!(b.is_empty());
-            if b.capacity() < len && !b.try_reclaim(CHUNK) {
-                // Some piece of the current buffer is still alive: leave the
-                // buffer to its pieces and start a new one.
-                *b = BytesMut::with_capacity(CHUNK);
+            let bufs = &mut *bufs;
+            debug_assert!(bufs.current.is_empty() && bufs.previous.is_empty());
+            if bufs.current.capacity() < len && !bufs.current.try_reclaim(CHUNK) {
+                // Some piece of the current buffer is still alive: go on in
+                // the previous one if it has room or its pieces are gone by
+                // now, else leave it to its pieces and start a new one.
+                std::mem::swap(&mut bufs.current, &mut bufs.previous);
+                if bufs.current.capacity() < len && !bufs.current.try_reclaim(CHUNK) {
+                    bufs.current = BytesMut::with_capacity(CHUNK);
+                }
             }
+            let b = &mut bufs.current;
             let f = f.take().expect("taken once");
-            Some(match f(&mut b) {
+            Some(match f(b) {
                 Ok(()) => Ok(b.split().freeze()),
                 Err(e) => {
                     b.clear();
@@ -128,6 +147,31 @@ mod tests {
                 "a new piece overlaps a live one"
             );
         }
+    }
+
+    #[test]
+    fn a_used_up_buffer_with_live_pieces_gives_way_to_the_previous_one() {
+        // Fill one buffer and keep its pieces: the next piece starts a
+        // second buffer.
+        let first: Vec<Bytes> = (0..CHUNK / MAX_PIECE)
+            .map(|_| copy(&[1u8; MAX_PIECE]))
+            .collect();
+        let first_start = first[0].as_ptr();
+        let in_first =
+            |p: &Bytes| first_start <= p.as_ptr() && p.as_ptr() < first_start.wrapping_add(CHUNK);
+        let second: Vec<Bytes> = (0..CHUNK / MAX_PIECE)
+            .map(|_| copy(&[2u8; MAX_PIECE]))
+            .collect();
+        assert!(
+            second.iter().all(|p| !in_first(p)),
+            "a live buffer is not written over"
+        );
+        // The second is used up and still held; the first's pieces are gone:
+        // the next piece goes back to the first buffer's start.
+        drop(first);
+        let next = copy(b"next");
+        assert_eq!(next.as_ptr(), first_start);
+        assert!(second.iter().all(|p| p.iter().all(|&x| x == 2)));
     }
 
     #[test]
