@@ -300,7 +300,8 @@ fn metadata_size_with(md: &HeaderMap, extra: &[(&str, &[u8])]) -> (usize, usize)
     (wire, counted)
 }
 
-/// [`check_metadata`] of `md` followed by the `extra` entries.
+/// [`check_metadata`] of `md` followed by the `extra` entries; returns
+/// the size the block takes on the wire.
 fn check_metadata_with(
     md: &HeaderMap,
     extra: &[(&str, &[u8])],
@@ -313,11 +314,11 @@ fn check_metadata_with(
             max: MAX_METADATA_ENTRIES,
         });
     }
-    let got = metadata_size_with(md, extra).1;
+    let (wire, got) = metadata_size_with(md, extra);
     if got > limit {
         return Err(MetadataError::TooLarge { got, limit });
     }
-    Ok(got)
+    Ok(wire)
 }
 
 /// Bytes a metadata map counts against `max_metadata_bytes` (names + values).
@@ -399,8 +400,7 @@ pub fn encode_open_with(
     end_stream: bool,
     limit: usize,
 ) -> Result<Bytes, MetadataError> {
-    check_metadata_with(md, extra, limit)?;
-    let (mdlen, _) = metadata_size_with(md, extra);
+    let mdlen = check_metadata_with(md, extra, limit)?;
     arena::build(HEADER_LEN + 8 + 2 + path.len() + mdlen, |b| {
         header(
             b,
@@ -437,8 +437,7 @@ pub fn encode_metadata_frame_with(
     extra: &[(&str, &[u8])],
     limit: usize,
 ) -> Result<Bytes, MetadataError> {
-    check_metadata_with(md, extra, limit)?;
-    let (mdlen, _) = metadata_size_with(md, extra);
+    let mdlen = check_metadata_with(md, extra, limit)?;
     arena::build(HEADER_LEN + mdlen, |b| {
         header(b, kind, 0, stream);
         put_metadata(b, md, extra)
