@@ -2,20 +2,28 @@
 //! heap buffer of its own, so that the slot is reposted at once and a
 //! message the application keeps holds only its own bytes.
 //!
-//! A small message's buffer comes from a per-thread pool by size class
-//! (powers of two, 64 B to 4 KiB) and goes back to the pool of the thread
-//! that drops the message's last `Bytes`. The message is a `Bytes` owning
-//! that buffer ([`Bytes::from_owner`]): one allocation per message (the
-//! owner's reference count), and slicing it (the frames of a BATCH) or
-//! cloning it costs none. A `Bytes` copied from a slice instead costs two:
-//! its `Vec`, and the shared header its first slice or clone promotes it to.
+//! A small message's buffer is one of its receiving thread's, by size class
+//! (powers of two, 64 B to 4 KiB), and holds that message only. The message
+//! is a `Bytes` sharing the buffer with the thread's handle of it
+//! (`BytesMut::split`): slicing it (the frames of a BATCH) or cloning it
+//! costs no allocation. Once every `Bytes` of the message was dropped, on
+//! whatever thread, the handle is the buffer's only owner and the thread
+//! writes its next message of that class into it (`BytesMut::try_reclaim`,
+//! which succeeds only then): a connection that receives one message at a
+//! time allocates nothing here in steady state. (A `Bytes` copied from a
+//! slice costs two allocations: its `Vec`, and the shared header its first
+//! slice or clone promotes it to; a `Bytes` owning a pooled buffer,
+//! `Bytes::from_owner`, costs one, its owner's reference count.)
 //!
-//! **Memory.** A kept message holds its class's buffer: at most twice its
-//! size (as an allocator's own size classes do). The pools keep
-//! [`KEEP`] buffers per class and thread, 64 KiB per thread at most; larger
-//! messages get an exact allocation of their own.
+//! **Memory.** A kept message holds its class's buffer, shared with no
+//! other message: at most twice its size (as an allocator's own size
+//! classes do). A thread keeps handles of [`KEEP`] buffers per class, 64 KiB
+//! per thread at most beside what live messages hold; when all of them are
+//! held by messages, a new buffer takes the place of the oldest (its
+//! message keeps it until it is dropped). Larger messages get an exact
+//! allocation of their own.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use std::cell::RefCell;
 
 /// The pooled buffers' sizes.
@@ -25,50 +33,47 @@ const CLASSES: [usize; 7] = [64, 128, 256, 512, 1024, 2048, 4096];
 const KEEP: usize = 8;
 
 thread_local! {
-    static POOL: RefCell<[Vec<Vec<u8>>; CLASSES.len()]> = RefCell::new(Default::default());
-}
-
-/// A pooled buffer, the owner of a received message's `Bytes`.
-struct Pooled {
-    buf: Vec<u8>,
-    class: usize,
-}
-
-impl AsRef<[u8]> for Pooled {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf
-    }
-}
-
-impl Drop for Pooled {
-    fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        // A thread that is exiting (no pool any more), or a drop from
-        // inside the pool's own borrow, frees the buffer instead.
-        let _ = POOL.try_with(|p| {
-            if let Ok(mut p) = p.try_borrow_mut() {
-                let kept = &mut p[self.class];
-                if kept.len() < KEEP {
-                    kept.push(buf);
-                }
-            }
-        });
-    }
+    /// Per class, the thread's buffers: each empty, or held by the one
+    /// message written into it.
+    static POOL: RefCell<[Vec<BytesMut>; CLASSES.len()]> = RefCell::new(Default::default());
 }
 
 /// `src`, copied into a buffer of its own (see the module docs).
 pub(super) fn copy_out(src: &[u8]) -> Bytes {
+    if src.is_empty() {
+        return Bytes::new();
+    }
     let Some(class) = CLASSES.iter().position(|&c| src.len() <= c) else {
         return Bytes::copy_from_slice(src);
     };
-    let reused = POOL
-        .try_with(|p| p.try_borrow_mut().ok().and_then(|mut p| p[class].pop()))
-        .ok()
-        .flatten();
-    let mut buf = reused.unwrap_or_else(|| Vec::with_capacity(CLASSES[class]));
-    buf.clear();
-    buf.extend_from_slice(src);
-    Bytes::from_owner(Pooled { buf, class })
+    let size = CLASSES[class];
+    // A thread that is exiting (no pool any more) copies the message
+    // exactly instead.
+    let pooled = POOL.try_with(|p| {
+        let Ok(mut p) = p.try_borrow_mut() else {
+            return None;
+        };
+        let bufs = &mut p[class];
+        // The whole buffer back, only if no message holds it any more.
+        let free = bufs.iter_mut().rposition(|b| b.try_reclaim(size));
+        let i = match free {
+            Some(i) => i,
+            None => {
+                if bufs.len() == KEEP {
+                    bufs.remove(0);
+                }
+                bufs.push(BytesMut::with_capacity(size));
+                bufs.len() - 1
+            }
+        };
+        let b = &mut bufs[i];
+        b.extend_from_slice(src);
+        Some(b.split().freeze())
+    });
+    match pooled {
+        Ok(Some(msg)) => msg,
+        _ => Bytes::copy_from_slice(src),
+    }
 }
 
 #[cfg(test)]
@@ -108,10 +113,28 @@ mod tests {
             // Larger ones are copied exactly, outside the pool.
             let big = copy_out(&vec![9u8; 5000]);
             assert_eq!(big.len(), 5000);
-            // The pool keeps at most KEEP buffers per class.
-            let many: Vec<Bytes> = (0..3 * KEEP).map(|_| copy_out(&[0u8; 64])).collect();
+            // The pool keeps at most KEEP buffers per class; every message
+            // has a buffer of its own however many are alive.
+            let many: Vec<Bytes> = (0..3 * KEEP).map(|i| copy_out(&[i as u8; 64])).collect();
+            for (i, m) in many.iter().enumerate() {
+                assert!(
+                    m.iter().all(|&x| x == i as u8),
+                    "a live message never changes"
+                );
+            }
+            let at: Vec<_> = many.iter().map(|m| m.as_ptr()).collect();
+            let mut distinct = at.clone();
+            distinct.sort();
+            distinct.dedup();
+            assert_eq!(distinct.len(), many.len());
             drop(many);
             POOL.with(|p| assert_eq!(p.borrow()[0].len(), KEEP));
+            // The last KEEP buffers are free again: the next message reuses
+            // one of them.
+            let again = copy_out(&[4u8; 50]);
+            assert!(at[at.len() - KEEP..].contains(&again.as_ptr()));
+            // An empty message holds no buffer.
+            assert!(copy_out(&[]).is_empty());
         })
         .join()
         .unwrap();
