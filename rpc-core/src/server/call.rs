@@ -194,28 +194,78 @@ pub(super) fn request_headers(metadata: &mut http::HeaderMap, call_timeout: Opti
 
 /// Runs `work` (a call's handler and its response) within the call's
 /// deadline; past it, the call ends DEADLINE_EXCEEDED.
-pub(super) async fn within_deadline(
+pub(super) fn within_deadline<W: std::future::Future<Output = ()>>(
     shared: &Shared,
     stream: u32,
     call_timeout: Option<Duration>,
-    work: impl std::future::Future<Output = ()>,
-) {
+    work: W,
+) -> WithinDeadline<'_, W> {
     match call_timeout {
-        Some(t) => {
-            if tokio::time::timeout(t, work).await.is_err() {
-                send_status(
-                    shared,
-                    stream,
-                    Status::new(
-                        Code::DeadlineExceeded,
-                        format!(
-                            "deadline exceeded: the server did not finish the call within {t:?}"
-                        ),
-                    ),
-                );
-            }
-        }
-        None => work.await,
+        Some(t) => WithinDeadline::Timed {
+            work: tokio::time::timeout(t, work),
+            shared,
+            stream,
+            t,
+        },
+        None => WithinDeadline::Untimed { work },
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`within_deadline`]'s future. It holds `work` once: an `async fn`
+    /// keeps its argument beside the timer it moved it into, which doubled
+    /// the size of every call's future (the call's box, and each copy of
+    /// it).
+    #[project = WithinProj]
+    pub(super) enum WithinDeadline<'a, W> {
+        Timed {
+            #[pin]
+            work: tokio::time::Timeout<W>,
+            shared: &'a Shared,
+            stream: u32,
+            t: Duration,
+        },
+        Untimed {
+            #[pin]
+            work: W,
+        },
+        Done,
+    }
+}
+
+impl<W: std::future::Future<Output = ()>> std::future::Future for WithinDeadline<'_, W> {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        use std::task::Poll;
+        let (shared, stream, t) = match self.as_mut().project() {
+            WithinProj::Untimed { work } => return work.poll(cx),
+            WithinProj::Timed {
+                work,
+                shared,
+                stream,
+                t,
+            } => match work.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(())) => return Poll::Ready(()),
+                Poll::Ready(Err(_)) => (*shared, *stream, *t),
+            },
+            WithinProj::Done => return Poll::Ready(()),
+        };
+        // The handler and what it holds go first, as when the work ends.
+        self.set(WithinDeadline::Done);
+        send_status(
+            shared,
+            stream,
+            Status::new(
+                Code::DeadlineExceeded,
+                format!("deadline exceeded: the server did not finish the call within {t:?}"),
+            ),
+        );
+        Poll::Ready(())
     }
 }
 
@@ -320,6 +370,101 @@ pub(super) fn send_metadata(shared: &Shared, stream: u32, kind: u8, md: &http::H
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conn::{Connection, FrameReceiver, FrameSender};
+    use crate::protocol::session::{self, AcceptFn, Acceptor, CallFuture};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Sets its flag when dropped, after a while: a frame sent after the
+    /// drop began leaves once the flag is set, one sent before does not wait.
+    struct SetOnDrop(Arc<AtomicBool>);
+
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_millis(200));
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn past_its_deadline_a_call_drops_its_handler_then_ends_deadline_exceeded() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let d = dropped.clone();
+        // Every call: a handler that never finishes, within the deadline.
+        let accept: AcceptFn = Arc::new(move |shared: Arc<Shared>, call: OpenCall| {
+            let handler = SetOnDrop(d.clone());
+            CallFuture::new(async move {
+                let _end = EndCall {
+                    shared: shared.clone(),
+                    stream: call.stream,
+                };
+                let work = async move {
+                    let _handler = handler;
+                    std::future::pending::<()>().await
+                };
+                within_deadline(&shared, call.stream, call.timeout, work).await;
+            })
+        });
+        let acceptor = Acceptor {
+            accept,
+            on_misbehaved: None,
+        };
+        let (a, b) = crate::conn::mem::pair();
+        let info = ConnInfo::new(crate::TransportKind::Memory, None);
+        let server = session::start(b, info, Default::default(), Some(acceptor));
+        let (mut tx, mut rx) = a.split();
+        let config = crate::SessionConfig::default();
+        let client = async {
+            let hello = frame::Hello {
+                version: frame::PROTOCOL_VERSION,
+                features: 0,
+                max_concurrent_calls: config.max_concurrent_calls,
+                initial_window: config.initial_window,
+                max_metadata_bytes: config.max_metadata_bytes,
+                connection_window: config.connection_window,
+            };
+            tx.send(frame::encode_hello(&hello)).await.unwrap();
+            rx.recv().await.unwrap().expect("the server's HELLO");
+        };
+        let (_server, ()) = tokio::join!(server, client);
+        let timeout = Duration::from_millis(50);
+        let open = frame::encode_open(
+            1,
+            "/p.S/M",
+            Some(timeout),
+            &http::HeaderMap::new(),
+            true,
+            1 << 14,
+        )
+        .unwrap();
+        tx.send(open).await.unwrap();
+        let limits = frame::DecodeLimits {
+            max_metadata_bytes: config.max_metadata_bytes as usize,
+        };
+        let trailers = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let msg = rx.recv().await.unwrap().expect("the server's answer");
+                if let frame::Frame::Trailers {
+                    stream: 1,
+                    metadata,
+                } = frame::decode(msg, &limits).unwrap()
+                {
+                    return metadata;
+                }
+            }
+        })
+        .await
+        .expect("trailers within 10 s");
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "the handler is dropped before the status leaves"
+        );
+        let status = Status::from_header_map(&trailers).expect("a status");
+        assert_eq!(status.code(), Code::DeadlineExceeded);
+        assert_eq!(
+            status.message(),
+            format!("deadline exceeded: the server did not finish the call within {timeout:?}")
+        );
+    }
 
     /// A call's request metadata as the server decodes it from OPEN.
     fn decoded(
