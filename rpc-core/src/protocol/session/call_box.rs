@@ -2,7 +2,7 @@
 //!
 //! Every call a peer opens becomes one future of a type the session does
 //! not know (the service's, the method's), so it is boxed: for a small
-//! unary call the box was the largest allocation of the call (about 3 KiB:
+//! unary call the box is the largest allocation of the call (about 2 KiB:
 //! the call's state, its deadline timer, the handler's future). Here the
 //! box of a call that ended goes back to a pool of its thread, by the
 //! future's type, and the next call of the same type on that thread is
