@@ -1695,6 +1695,28 @@ async fn one_sided_local_buffers_are_kept_registered_and_bounded() {
             )
             .await
             .expect("expose for write");
+        // A lone small READ lands in the side queue pair's own buffer and
+        // is copied out: no local buffer is taken for it.
+        let got = a.read(&key, 100, 64).await.expect("small read");
+        assert!(got == data.slice(100..164), "lone small read");
+        assert_eq!(
+            a.cached_bytes(),
+            0,
+            "a lone small READ takes no local buffer"
+        );
+        // Several at once: one may use that buffer, the others take local
+        // buffers; every answer is its own.
+        let reads = (0..16usize).map(|i| {
+            let (a, key) = (a.clone(), key);
+            async move { (i, a.read(&key, (i * 4099) as u64, 64 + i).await) }
+        });
+        for (i, got) in futures::future::join_all(reads).await {
+            let off = i * 4099;
+            assert!(
+                got.expect("concurrent small read") == data.slice(off..off + 64 + i),
+                "small read {i}"
+            );
+        }
         let sizes = [64usize, 5000, 64 << 10, 1 << 20];
         let round = || async {
             for (i, &n) in sizes.iter().enumerate() {

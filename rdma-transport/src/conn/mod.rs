@@ -54,7 +54,7 @@ pub use self::setup::{connect, connect_from, connect_with_ticket};
 pub(crate) use self::side::open_side;
 #[cfg(feature = "test-util")]
 pub(crate) use self::side::raw_side_request;
-pub(crate) use self::side_core::SideCore;
+pub(crate) use self::side_core::{NotTaken, SideCore};
 pub(crate) use self::side_reply::Reply;
 // The setup steps `testing::RawPeer` takes as `connect` does.
 #[cfg(feature = "test-util")]

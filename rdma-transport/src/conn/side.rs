@@ -27,7 +27,7 @@ use super::side_core::{unavailable, SideCore};
 use crate::config::Config;
 use crate::engine::wire::SideToken;
 use crate::error::{Error, RejectReason, RemoteError};
-use crate::mem::{read_destination, MrUse, SideQp, UserMr};
+use crate::mem::{read_destination, MrUse, SideQp, UserMr, SMALL_READ_MAX};
 use crate::remote::{OpResult, RemoteShared, SideLink};
 use crate::verbs::cm::{CmId, EventChannel};
 use crate::verbs::{async_fd, CompChannel, Cq, Pd, Qp, QpCaps};
@@ -247,7 +247,7 @@ fn start(
     let iwarp = id.is_iwarp();
     let scratch = UserMr::new(
         shared.pd()?,
-        read_destination(64),
+        read_destination(SMALL_READ_MAX),
         MrUse::ReadDestination,
         shared.cfg.global_max_registered_bytes,
     )?;

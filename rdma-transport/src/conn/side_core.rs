@@ -31,8 +31,8 @@ use super::side::SIDE_DEPTH;
 use super::side_reply::{LoneAnswer, Reply};
 use crate::config::PollMode;
 use crate::error::{Error, RemoteError};
-use crate::mem::{ByWrId, PostFail, SideQp, Transfer, UserMr, FENCED_WRITE};
-use crate::remote::{Op, OpResult, OpSpec};
+use crate::mem::{ByWrId, Local, PostFail, SideQp, Transfer, FENCED_WRITE};
+use crate::remote::{Finished, Op, OpResult, OpSpec};
 use crate::verbs::{Cq, Wc};
 
 /// IBV_WC_REM_INV_REQ_ERR, IBV_WC_REM_ACCESS_ERR.
@@ -77,7 +77,7 @@ pub(crate) struct SideState {
     pub(crate) cause_known: bool,
     /// Operations that failed because the queue pair failed, answered at
     /// the shutdown.
-    pub(crate) failed: Vec<(u64, UserMr, Posted)>,
+    pub(crate) failed: Vec<(u64, Local, Posted)>,
     /// Why the queue pair failed, for its task (which shuts it down).
     pub(crate) broken: Option<Error>,
     /// The task shuts the queue pair down: no operation is taken any more.
@@ -121,14 +121,35 @@ impl SideState {
                 remote_addr: op.spec.remote_addr,
                 rkey: op.spec.rkey,
             };
-            match sq.post(wr_id, self.iwarp, op.spec.local, t) {
+            let local = match op.spec.local {
+                Local::Mr(mr) => mr,
+                Local::Small => {
+                    // Only posted when the buffer is free (`submit`).
+                    if let Err(e) = sq.post_small_read(wr_id, t) {
+                        self.waiting.push_front(Op {
+                            spec: OpSpec {
+                                local: Local::Small,
+                                ..op.spec
+                            },
+                            reply: op.reply,
+                        });
+                        return Err(e);
+                    }
+                    self.inflight.insert(wr_id, Posted { reply: op.reply });
+                    return Ok(());
+                }
+            };
+            match sq.post(wr_id, self.iwarp, local, t) {
                 Ok(()) => self.inflight.insert(wr_id, Posted { reply: op.reply }),
                 Err(b) => match *b {
                     PostFail::NotPosted(local, e) => {
                         // Not posted: the QP failed (or refused the
                         // request); the operation goes back for a retry.
                         self.waiting.push_front(Op {
-                            spec: OpSpec { local, ..op.spec },
+                            spec: OpSpec {
+                                local: Local::Mr(local),
+                                ..op.spec
+                            },
                             reply: op.reply,
                         });
                         return Err(e);
@@ -175,22 +196,32 @@ impl SideState {
                 }
                 wc.wr_id &= !FENCED_WRITE;
             }
-            let local = self.sq.as_mut().and_then(|sq| sq.complete(wc.wr_id));
+            let ok = wc.status == 0;
+            let local = self.sq.as_mut().and_then(|sq| sq.complete(wc.wr_id, ok));
             let Some(p) = self.inflight.remove(wc.wr_id) else {
                 continue;
             };
             let Some(local) = local else { continue };
-            if wc.status == 0 {
-                self.answer(p.reply, OpResult::Done(local));
+            if ok {
+                let done = match local {
+                    Local::Mr(mr) => OpResult::Done(Finished::Mr(mr)),
+                    // Copied out now: the buffer is the queue pair's.
+                    Local::Small => match self.sq.as_mut().and_then(SideQp::small_bytes) {
+                        Some(b) => OpResult::Done(Finished::Read(b)),
+                        None => OpResult::Failed(unavailable(
+                            "internal: a small READ completed without its bytes",
+                        )),
+                    },
+                };
+                self.answer(p.reply, done);
                 continue;
             }
             let status = Cq::status_str(wc.status);
             tracing::debug!(
                 "side queue pair {gen}: {} failed: {status} (status {})",
-                if local.is_read_destination() {
-                    "READ"
-                } else {
-                    "WRITE"
+                match &local {
+                    Local::Mr(mr) if !mr.is_read_destination() => "WRITE",
+                    _ => "READ",
                 },
                 wc.status
             );
@@ -364,9 +395,10 @@ impl SideCore {
     /// polls, posts it at once and makes its caller the poller (who polls
     /// in [`SideCore::wait`] for its answer in the state's [`LoneAnswer`]);
     /// otherwise queues it for the task, which posts and polls for it (the
-    /// answer comes by a channel). `Err` gives it back when the queue pair
-    /// no longer takes operations (its task is shutting it down).
-    pub(crate) fn submit(&self, spec: OpSpec) -> Result<Answer<'_>, Box<OpSpec>> {
+    /// answer comes by a channel). A small READ into the queue pair's own
+    /// buffer ([`Local::Small`]) is taken only on the first way, when that
+    /// buffer is free, and given back otherwise ([`NotTaken`]).
+    pub(crate) fn submit(&self, spec: OpSpec) -> Result<Answer<'_>, NotTaken> {
         let alone = self.budget() != Some(Duration::ZERO)
             && self.queued.load(Ordering::Acquire) == 0
             && self.posted.load(Ordering::Acquire) == 0
@@ -383,7 +415,16 @@ impl SideCore {
         // under it, and answers whatever is posted by then.
         if st.ended || st.broken.is_some() {
             self.polling.store(false, Ordering::Release);
-            return Err(Box::new(spec));
+            return Err(NotTaken::Closed(Box::new(spec)));
+        }
+        let direct = st.waiting.is_empty()
+            && st.inflight.len() < SIDE_DEPTH as usize
+            && (!matches!(spec.local, Local::Small)
+                || st.sq.as_ref().is_some_and(SideQp::small_free));
+        if !direct && matches!(spec.local, Local::Small) {
+            drop(st);
+            self.polling.store(false, Ordering::Release);
+            return Err(NotTaken::NeedsBuffer(Box::new(spec)));
         }
         if self.lone_busy.swap(true, Ordering::Acquire) {
             // The last lone operation's caller has not taken its answer
@@ -398,7 +439,7 @@ impl SideCore {
             spec,
             reply: Reply::Lone(seq),
         };
-        let posted = if st.waiting.is_empty() && st.inflight.len() < SIDE_DEPTH as usize {
+        let posted = if direct {
             st.post_op(op)
         } else {
             st.waiting.push_back(op);
@@ -413,14 +454,18 @@ impl SideCore {
     }
 
     /// Queues `spec` for the task (`q` is the queue, locked), answered by a
-    /// channel; `Err` when the queue pair takes no more operations.
+    /// channel; `Err` when the queue pair takes no more operations, or
+    /// `spec` needs a buffer of its own.
     fn queue_for_task(
         &self,
         mut q: MutexGuard<'_, Queue>,
         spec: OpSpec,
-    ) -> Result<Answer<'_>, Box<OpSpec>> {
+    ) -> Result<Answer<'_>, NotTaken> {
+        if matches!(spec.local, Local::Small) {
+            return Err(NotTaken::NeedsBuffer(Box::new(spec)));
+        }
         if q.closed {
-            return Err(Box::new(spec));
+            return Err(NotTaken::Closed(Box::new(spec)));
         }
         let (tx, rx) = oneshot::channel();
         q.ops.push_back(Op {
@@ -589,6 +634,16 @@ impl SideCore {
             n.await;
         }
     }
+}
+
+/// Why [`SideCore::submit`] gave an operation back.
+pub(crate) enum NotTaken {
+    /// The queue pair no longer takes operations (its task is shutting it
+    /// down).
+    Closed(Box<OpSpec>),
+    /// A small READ ([`Local::Small`]) that cannot use the queue pair's own
+    /// buffer now: it needs a local buffer.
+    NeedsBuffer(Box<OpSpec>),
 }
 
 /// How a caller of [`SideCore::submit`] gets its answer.

@@ -298,6 +298,21 @@ pub(crate) struct Transfer {
     pub(crate) rkey: u32,
 }
 
+/// READs of at most this many bytes may land in the side queue pair's
+/// own buffer ([`SideQp::post_small_read`]) and be copied out when they
+/// complete: no local buffer is taken or given back for them.
+pub(crate) const SMALL_READ_MAX: usize = 4096;
+
+/// The local end of a posted READ or WRITE, kept by the [`SideQp`] until
+/// its completion is polled.
+pub(crate) enum Local {
+    /// A registered buffer of the caller's.
+    Mr(UserMr),
+    /// A READ of at most [`SMALL_READ_MAX`] bytes into the queue pair's
+    /// own buffer ([`SideQp::post_small_read`]).
+    Small,
+}
+
 /// Why [`SideQp::post`] failed.
 pub(crate) enum PostFail {
     /// Nothing was posted: the buffer, and why.
@@ -347,19 +362,81 @@ pub(crate) struct SideQp {
     /// First: destroyed before the buffers below are deregistered.
     qp: Qp,
     posted: ByWrId<UserMr>,
-    /// The sink of every fence READ (zero bytes: nothing is ever written
-    /// to it, but a READ's sink must allow local write).
+    /// The queue pair's own buffer ([`SMALL_READ_MAX`] bytes, local write
+    /// only: the peer has no key to it): the sink of every fence READ
+    /// (zero bytes: nothing is written to it, but a READ's sink must allow
+    /// local write) and the destination of one small READ at a time.
     scratch: UserMr,
+    /// The small READ posted into `scratch`: its work request id and
+    /// length. The CPU does not touch `scratch` meanwhile.
+    small: Option<(u64, usize)>,
+    /// The length of the small READ whose successful completion was polled
+    /// last, until [`SideQp::small_bytes`] copies it out.
+    landed: Option<usize>,
 }
 
 impl SideQp {
-    /// `scratch`: a [`MrUse::ReadDestination`] in the QP's PD.
+    /// `scratch`: a [`MrUse::ReadDestination`] of at least
+    /// [`SMALL_READ_MAX`] bytes in the QP's PD.
     pub(crate) fn new(qp: Qp, scratch: UserMr) -> SideQp {
+        debug_assert!(scratch.len >= SMALL_READ_MAX && scratch.is_read_destination());
         SideQp {
             qp,
             posted: ByWrId::default(),
             scratch,
+            small: None,
+            landed: None,
         }
+    }
+
+    /// Whether a small READ can be posted now ([`Self::post_small_read`]).
+    pub(crate) fn small_free(&self) -> bool {
+        self.small.is_none()
+    }
+
+    /// Posts a signaled READ of `t.len` (at most [`SMALL_READ_MAX`]) bytes
+    /// into the queue pair's own buffer; its bytes are copied out by
+    /// [`Self::small_bytes`] once its completion was polled
+    /// ([`Self::complete`]). One at a time.
+    pub(crate) fn post_small_read(&mut self, wr_id: u64, t: Transfer) -> Result<(), Error> {
+        if !t.read
+            || t.len > SMALL_READ_MAX
+            || t.len > self.scratch.len
+            || self.small.is_some()
+            || self.posted.contains(wr_id)
+            || wr_id & FENCED_WRITE != 0
+        {
+            return Err(Error::Remote(RemoteError::Unavailable(
+                "internal: a small READ that does not fit, or one already posted".into(),
+            )));
+        }
+        let d = OneSidedDesc {
+            wr_id,
+            read: true,
+            addr: self.scratch.addr,
+            len: t.len as u32,
+            lkey: self.scratch.lkey(),
+            remote_addr: t.remote_addr,
+            rkey: t.rkey,
+        };
+        // SAFETY: `scratch` is registered with local write on this QP's PD
+        // and lives until the QP is destroyed (a field after `qp`); `t.len`
+        // is within it (checked above). Until this READ's completion is
+        // polled (`complete`, which clears `small`) or the QP is destroyed,
+        // the CPU does not touch it: `small_bytes` reads it only after that,
+        // and fence READs write none of it.
+        unsafe { self.qp.post_one_sided(&d) }?;
+        self.small = Some((wr_id, t.len));
+        self.landed = None;
+        Ok(())
+    }
+
+    /// The bytes the last small READ brought, copied out; `None` unless its
+    /// successful completion was just polled ([`Self::complete`] with
+    /// `ok`).
+    pub(crate) fn small_bytes(&mut self) -> Option<Bytes> {
+        let len = self.landed.take()?;
+        Some(Bytes::copy_from_slice(&self.scratch.local_bytes()[..len]))
     }
 
     /// Posts a signaled READ (into `local`, which must be a
@@ -457,14 +534,23 @@ impl SideQp {
         Ok(())
     }
 
-    /// The buffer of `wr_id`, whose completion was just polled.
-    pub(crate) fn complete(&mut self, wr_id: u64) -> Option<UserMr> {
-        self.posted.remove(wr_id)
+    /// The local end of `wr_id`, whose completion was just polled (`ok`:
+    /// successfully; then a small READ's bytes are ready for
+    /// [`Self::small_bytes`]).
+    pub(crate) fn complete(&mut self, wr_id: u64, ok: bool) -> Option<Local> {
+        match self.small {
+            Some((id, len)) if id == wr_id => {
+                self.small = None;
+                self.landed = ok.then_some(len);
+                Some(Local::Small)
+            }
+            _ => self.posted.remove(wr_id).map(Local::Mr),
+        }
     }
 
     /// Work requests posted whose completion was not polled yet.
     pub(crate) fn outstanding(&self) -> usize {
-        self.posted.len()
+        self.posted.len() + usize::from(self.small.is_some())
     }
 
     /// Moves the QP to the error state: every posted work request is
@@ -476,14 +562,22 @@ impl SideQp {
     /// Destroys the QP, then gives back the buffers whose completion never
     /// came (safe now: after `rdma_destroy_qp` the NIC no longer touches
     /// them).
-    pub(crate) fn destroy(self) -> Vec<(u64, UserMr)> {
+    pub(crate) fn destroy(self) -> Vec<(u64, Local)> {
         let SideQp {
             qp,
             posted,
             scratch,
+            small,
+            ..
         } = self;
         drop(qp);
         drop(scratch);
-        posted.0
+        let mut left: Vec<(u64, Local)> = posted
+            .0
+            .into_iter()
+            .map(|(id, mr)| (id, Local::Mr(mr)))
+            .collect();
+        left.extend(small.map(|(id, _)| (id, Local::Small)));
+        left
     }
 }

@@ -34,7 +34,8 @@ use std::sync::atomic::AtomicUsize;
 pub(crate) use self::conn_memory::{ConnMemory, PoolSizes};
 pub(crate) use self::device_pool::DevicePool;
 pub(crate) use self::exposed::{
-    read_destination, ByWrId, MrUse, PostFail, SideQp, Transfer, UserMr, FENCED_WRITE,
+    read_destination, ByWrId, Local, MrUse, PostFail, SideQp, Transfer, UserMr, FENCED_WRITE,
+    SMALL_READ_MAX,
 };
 pub(crate) use self::local_cache::{read_buffer, read_bytes, write_buffer, LocalCache};
 pub(crate) use self::recv_pool::RecvPool;

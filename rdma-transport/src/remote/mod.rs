@@ -20,9 +20,9 @@ mod state;
 use bytes::{Bytes, BytesMut};
 
 use crate::error::{Error, RemoteError};
-use crate::mem::{read_buffer, read_bytes, write_buffer, MrUse, UserMr};
+use crate::mem::{read_buffer, read_bytes, write_buffer, Local, MrUse, UserMr, SMALL_READ_MAX};
 
-pub(crate) use self::state::{Op, OpResult, OpSpec, RemoteShared, Role, SideLink};
+pub(crate) use self::state::{Finished, Op, OpResult, OpSpec, RemoteShared, Role, SideLink};
 
 /// The access an exposure grants the peer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,15 +281,27 @@ impl RemoteMemory {
         }
         let s = &self.inner;
         s.usable()?;
-        let pd = s.pd()?;
-        let cache = s.cache()?;
-        let local = read_buffer(cache, len, pd, s.cfg.global_max_registered_bytes)?;
-        let done = s.run(true, local, len, remote, key.rkey).await?;
-        read_bytes(done, len).ok_or_else(|| {
-            Error::Remote(RemoteError::Unavailable(
-                "deregistering the READ's buffer failed".into(),
-            ))
-        })
+        // A small READ lands in the side queue pair's own buffer when it
+        // is free (§10.5), else in a local buffer taken then.
+        let local = if len <= SMALL_READ_MAX {
+            Local::Small
+        } else {
+            let (pd, cache) = (s.pd()?, s.cache()?);
+            Local::Mr(read_buffer(
+                cache,
+                len,
+                pd,
+                s.cfg.global_max_registered_bytes,
+            )?)
+        };
+        match s.run(true, local, len, remote, key.rkey).await? {
+            Finished::Read(b) => Ok(b),
+            Finished::Mr(done) => read_bytes(done, len).ok_or_else(|| {
+                Error::Remote(RemoteError::Unavailable(
+                    "deregistering the READ's buffer failed".into(),
+                ))
+            }),
+        }
     }
 
     /// One-sided RDMA WRITE of `data` at `offset` within the peer's region
@@ -313,7 +325,9 @@ impl RemoteMemory {
         let len = data.len();
         let cache = s.cache()?;
         let local = write_buffer(cache, data, pd, s.cfg.global_max_registered_bytes)?;
-        let done = s.run(false, local, len, remote, key.rkey).await?;
+        let done = s
+            .run(false, Local::Mr(local), len, remote, key.rkey)
+            .await?;
         drop(done);
         Ok(())
     }

@@ -8,13 +8,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::conn::{Reply, SideCore};
+use crate::conn::{NotTaken, Reply, SideCore};
 use crate::engine::wire::{Hello, SideToken};
 use crate::error::{Error, RemoteError, ResourceError};
-use crate::mem::{LocalCache, UserMr};
+use crate::mem::{read_buffer, Local, LocalCache, UserMr};
 use crate::verbs::cm::CmId;
 use crate::verbs::Pd;
 
@@ -34,7 +35,7 @@ pub(crate) enum Role {
 /// One READ or WRITE: what to move, and the buffer to move it from or to.
 pub(crate) struct OpSpec {
     pub(crate) read: bool,
-    pub(crate) local: UserMr,
+    pub(crate) local: Local,
     /// Bytes moved: the first `len` of `local`.
     pub(crate) len: usize,
     pub(crate) remote_addr: u64,
@@ -50,14 +51,23 @@ pub(crate) struct Op {
 
 /// How an [`Op`] ended.
 pub(crate) enum OpResult {
-    /// Completed: the local buffer, still registered.
-    Done(UserMr),
+    /// Completed.
+    Done(Finished),
     /// Flushed (or never posted) because the side queue pair failed: may
     /// be retried on a fresh one. `true`: its completion was the queue
     /// pair's first failed one (the likely cause, §10.3).
-    Flushed(UserMr, bool),
+    Flushed(Local, bool),
     /// Failed for good.
     Failed(Error),
+}
+
+/// What a completed operation gives back.
+pub(crate) enum Finished {
+    /// The local buffer, still registered.
+    Mr(UserMr),
+    /// A small READ's bytes, copied out of the queue pair's own buffer
+    /// ([`Local::Small`]).
+    Read(Bytes),
 }
 
 /// A live side queue pair: its operations, which callers post and poll
@@ -346,11 +356,11 @@ impl RemoteShared {
     pub(crate) async fn run(
         self: &Arc<Self>,
         read: bool,
-        local: UserMr,
+        local: Local,
         len: usize,
         remote_addr: u64,
         rkey: u32,
-    ) -> Result<UserMr, Error> {
+    ) -> Result<Finished, Error> {
         let mut local = local;
         let mut failed: Option<u64> = None;
         // Times the queue pair failed first at this operation: twice on two
@@ -374,9 +384,24 @@ impl RemoteShared {
                 remote_addr,
                 rkey,
             };
-            let answer = match link.core.submit(spec) {
+            let mut submitted = link.core.submit(spec);
+            if let Err(NotTaken::NeedsBuffer(spec)) = submitted {
+                // A small READ that cannot use the queue pair's own buffer
+                // now (others are posted): it takes a local buffer.
+                let mr = read_buffer(
+                    self.cache()?,
+                    spec.len,
+                    self.pd()?,
+                    self.cfg.global_max_registered_bytes,
+                )?;
+                submitted = link.core.submit(OpSpec {
+                    local: Local::Mr(mr),
+                    ..*spec
+                });
+            }
+            let answer = match submitted {
                 Ok(a) => a,
-                Err(spec) => {
+                Err(NotTaken::Closed(spec) | NotTaken::NeedsBuffer(spec)) => {
                     // The queue pair failed before we posted.
                     local = spec.local;
                     failed = Some(link.gen());
