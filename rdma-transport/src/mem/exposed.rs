@@ -400,7 +400,6 @@ impl SideQp {
     /// ([`Self::complete`]). One at a time.
     pub(crate) fn post_small_read(&mut self, wr_id: u64, t: Transfer) -> Result<(), Error> {
         if !t.read
-            || t.len > SMALL_READ_MAX
             || t.len > self.scratch.len
             || self.small.is_some()
             || self.posted.contains(wr_id)
@@ -419,12 +418,12 @@ impl SideQp {
             remote_addr: t.remote_addr,
             rkey: t.rkey,
         };
-        // SAFETY: `scratch` is registered with local write on this QP's PD
-        // and lives until the QP is destroyed (a field after `qp`); `t.len`
-        // is within it (checked above). Until this READ's completion is
-        // polled (`complete`, which clears `small`) or the QP is destroyed,
-        // the CPU does not touch it: `small_bytes` reads it only after that,
-        // and fence READs write none of it.
+        // `scratch` stays the QP's until after it is destroyed (a field after
+        // `qp`); the CPU reads it only in `small_bytes`, after `complete`
+        // cleared `small`, and fence READs write none of it.
+        // SAFETY: `scratch` is registered with local write on this QP's PD,
+        // `t.len` is within it (checked above), and it is untouched by the
+        // CPU until this READ completes or the QP is destroyed (see above).
         unsafe { self.qp.post_one_sided(&d) }?;
         self.small = Some((wr_id, t.len));
         self.landed = None;
