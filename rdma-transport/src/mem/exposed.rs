@@ -435,6 +435,9 @@ impl SideQp {
     /// `ok`).
     pub(crate) fn small_bytes(&mut self) -> Option<Bytes> {
         let len = self.landed.take()?;
+        crate::stats::GLOBAL
+            .small_reads_in_place
+            .fetch_add(1, Ordering::Relaxed);
         Some(Bytes::copy_from_slice(&self.scratch.local_bytes()[..len]))
     }
 
