@@ -47,6 +47,9 @@ stats! {
     credit_msgs,
     /// Completion-channel events consumed.
     cq_events,
+    /// Of `cq_events`, those of connections a listener accepted (a
+    /// server's side of its calls). Process-wide only, as below.
+    cq_events_accepted,
     /// Keepalive probes queued on idle connections (wire-protocol-rdma §4.4).
     keepalives,
     /// Zero-length RDMA WRITEs the active side posted while waiting for the

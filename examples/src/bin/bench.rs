@@ -497,6 +497,8 @@ struct RdmaPerCall {
     rendezvous_writes: f64,
     credit_msgs: f64,
     cq_events: f64,
+    /// Of `cq_events`, the server's (connections its listener accepted).
+    cq_events_server: f64,
 }
 
 fn rdma_delta(
@@ -513,6 +515,7 @@ fn rdma_delta(
         rendezvous_writes: d(a.rendezvous_writes, b.rendezvous_writes),
         credit_msgs: d(a.credit_msgs, b.credit_msgs),
         cq_events: d(a.cq_events, b.cq_events),
+        cq_events_server: d(a.cq_events_accepted, b.cq_events_accepted),
     }
 }
 
@@ -1082,22 +1085,25 @@ fn render(
         );
         let _ = writeln!(
             out,
-            "| payload | in flight | msgs (sent+recv) | eager SENDs | inline SENDs | rendezvous WRITEs | credit msgs | CQ events |"
+            "| payload | in flight | path | msgs (sent+recv) | eager SENDs | inline SENDs | rendezvous WRITEs | credit msgs | CQ events | of which client / server |"
         );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|");
         for r in rdma_rows {
             let c = r.rdma.as_ref().unwrap();
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} / {:.2} |",
                 size(r.payload),
                 r.inflight,
+                r.path.name(),
                 c.msgs,
                 c.eager_sends,
                 c.inline_sends,
                 c.rendezvous_writes,
                 c.credit_msgs,
-                c.cq_events
+                c.cq_events,
+                c.cq_events - c.cq_events_server,
+                c.cq_events_server
             );
         }
     }

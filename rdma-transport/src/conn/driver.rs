@@ -102,6 +102,7 @@ pub(super) fn spawn_driver(
         woke_receiver: false,
         spin,
         remote: remote.clone(),
+        accepted: !active,
         _admission: admission,
     };
     tokio::spawn(d.run());
@@ -163,6 +164,8 @@ struct Driver {
     spin: SpinBudget,
     /// One-sided access (§10): closed with the connection.
     remote: Arc<RemoteShared>,
+    /// A listener accepted this connection (`cq_events_accepted`).
+    accepted: bool,
     /// Listener side: this connection's count against its source address
     /// (`Config::max_connections_per_address`); last, so it is released
     /// only after the memory above was freed.
@@ -503,6 +506,11 @@ impl Driver {
                     let mut g = r.map_err(|e| io_err("AsyncFd(cq)", e))?;
                     let n = self.cq.consume_events()?;
                     self.stats.bump(|s| &s.cq_events, n as u64);
+                    if self.accepted {
+                        crate::stats::GLOBAL
+                            .cq_events_accepted
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                    }
                     g.clear_ready();
                     end_idle(&mut idle_since, &mut slept, &mut self.spin, Ended::Slept);
                 }

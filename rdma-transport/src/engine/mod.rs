@@ -31,6 +31,7 @@ mod clock;
 mod close;
 mod credits;
 mod idle;
+mod reasm_buf;
 mod recv_buf;
 mod recv_ring;
 mod rendezvous;

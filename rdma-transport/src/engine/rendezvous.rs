@@ -5,6 +5,8 @@
 
 use bytes::BytesMut;
 
+use super::reasm_buf;
+
 use super::wire::{self, Header, Kind, FLAG_LAST, HDR_LEN};
 use super::{Buffers, Engine, EngineError, Event, PeerMisbehaved, REASSEMBLY_RESERVE};
 
@@ -131,7 +133,7 @@ impl Engine {
         // and the buffer grows as chunks land (large reallocations are
         // mremap'ed, not copied).
         let r = self.reasm.get_or_insert_with(|| Reassembly {
-            buf: BytesMut::with_capacity(total.min(REASSEMBLY_RESERVE)),
+            buf: reasm_buf::take(total.min(REASSEMBLY_RESERVE)),
             total: Some(total),
         });
         match r.total {
@@ -199,7 +201,7 @@ impl Engine {
                 .min(max)
         };
         let r = self.reasm.get_or_insert_with(|| Reassembly {
-            buf: BytesMut::with_capacity(cap),
+            buf: reasm_buf::take(cap),
             total: None,
         });
         if r.total.is_some() {
@@ -246,7 +248,7 @@ impl Engine {
             .min(REASSEMBLY_RESERVE)
             .min(max);
         let r = self.reasm.get_or_insert_with(|| Reassembly {
-            buf: BytesMut::with_capacity(cap),
+            buf: reasm_buf::take(cap),
             total: None,
         });
         if r.total.is_some() {
@@ -353,7 +355,7 @@ impl Engine {
         self.rdv_owed += 1;
         if last {
             let r = self.reasm.take().expect("reassembly present");
-            let msg = r.buf.freeze();
+            let msg = reasm_buf::finish(r.buf);
             self.counters.msgs_recv += 1;
             self.counters.bytes_recv += msg.len() as u64;
             self.events.push_back(Event::Message(msg));
