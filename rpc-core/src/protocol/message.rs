@@ -109,11 +109,30 @@ impl Reader {
         self.whole.as_ref().map_or(0, Bytes::len) + self.buf.len()
     }
 
-    /// Moves `whole` into `buf` before more bytes are appended.
+    /// The length (prefix included) of the message the pending bytes
+    /// begin with, once its prefix is in and within the limit.
+    fn expected(&self) -> Option<usize> {
+        let src: &[u8] = match &self.whole {
+            Some(w) => w,
+            None => &self.buf,
+        };
+        let h = src.get(..PREFIX_LEN)?;
+        let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
+        (len <= self.limit).then_some(PREFIX_LEN + len)
+    }
+
+    /// Moves `whole` into `buf` before more bytes are appended. Room for the
+    /// whole message is reserved once its prefix is in (as tonic's decoder
+    /// does; at most the decode limit), so a message arriving in several
+    /// frames is copied once, not again at every growth.
     fn gather(&mut self, more: &[u8]) {
+        let want = self.pending() + more.len();
+        let room = self.expected().map_or(want, |m| m.max(want));
         if let Some(w) = self.whole.take() {
-            self.buf.reserve(w.len() + more.len());
+            self.buf.reserve(room);
             self.buf.extend_from_slice(&w);
+        } else {
+            self.buf.reserve(room.saturating_sub(self.buf.len()));
         }
         self.buf.extend_from_slice(more);
     }
@@ -278,6 +297,30 @@ mod tests {
         }
         assert_eq!(got.iter().map(Bytes::len).collect::<Vec<_>>(), [3, 0, 10]);
         assert!(got[2].iter().all(|&b| b == 10));
+        // A large message in several frames: room for all of it is made
+        // once its prefix is in, and the buffer never moves after that.
+        let mut big = BytesMut::new();
+        big.put_u8(0);
+        big.put_u32(100_000);
+        big.put_bytes(7, 100_000);
+        let big = big.freeze();
+        let mut r = Reader::new(None);
+        r.whole = Some(big.slice(..1000));
+        r.gather(&big[1000..2000]);
+        assert!(r.buf.capacity() >= big.len(), "{}", r.buf.capacity());
+        let at = r.buf.as_ptr();
+        for part in big[2000..].chunks(16 << 10) {
+            assert!(r.take().unwrap().is_none());
+            r.gather(part);
+            assert_eq!(r.buf.as_ptr(), at, "gathered in place");
+        }
+        let m = r.take().unwrap().expect("the whole message");
+        assert!(m.len() == 100_000 && m.iter().all(|&b| b == 7));
+        // A prefix over the limit reserves nothing for it (take refuses it).
+        let mut r = Reader::new(Some(10));
+        r.whole = Some(big.slice(..100));
+        r.gather(&big[100..200]);
+        assert!(r.buf.capacity() < 1000, "{}", r.buf.capacity());
     }
 
     #[test]
