@@ -99,11 +99,13 @@ impl RecvBody {
         }
     }
 
-    /// `b`, or its part up to a large message's prefix (the rest kept for
-    /// the next poll), counted as consumed (§1.4).
-    fn hand_out(&mut self, mut b: Bytes) -> Bytes {
-        if let Some(at) = self.split.scan(&b) {
-            self.pending = Some(b.split_off(at));
+    /// `b`, or, with `split`, its part up to a large message's prefix (the
+    /// rest kept for the next poll), counted as consumed (§1.4).
+    fn hand_out(&mut self, mut b: Bytes, split: bool) -> Bytes {
+        if split {
+            if let Some(at) = self.split.scan(&b) {
+                self.pending = Some(b.split_off(at));
+            }
         }
         self.shared.consumed(self.stream, b.len());
         b
@@ -141,10 +143,17 @@ pub(crate) enum Part {
 
 impl RecvBody {
     /// The next part of the body: data, or the trailers that end it;
-    /// `None` at the end of a request stream.
-    pub(crate) fn poll_part(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Part, Status>>> {
+    /// `None` at the end of a request stream. With `split`, for tonic's
+    /// decoder, a large message's data comes after its prefix
+    /// ([`PrefixSplit`]); without, for our own reader (which reads a
+    /// message in one frame in place), as it came.
+    fn poll_part(
+        &mut self,
+        cx: &mut Context<'_>,
+        split: bool,
+    ) -> Poll<Option<Result<Part, Status>>> {
         if let Some(rest) = self.pending.take() {
-            return Poll::Ready(Some(Ok(Part::Data(self.hand_out(rest)))));
+            return Poll::Ready(Some(Ok(Part::Data(self.hand_out(rest, split)))));
         }
         loop {
             if self.done {
@@ -152,7 +161,7 @@ impl RecvBody {
             }
             match ready!(self.rx.poll_recv(cx)) {
                 Some(Inbound::Data(b)) => {
-                    return Poll::Ready(Some(Ok(Part::Data(self.hand_out(b)))));
+                    return Poll::Ready(Some(Ok(Part::Data(self.hand_out(b, split)))));
                 }
                 Some(Inbound::Trailers(t)) => {
                     self.finish();
@@ -180,9 +189,10 @@ impl RecvBody {
         }
     }
 
-    /// [`poll_part`](Self::poll_part) as a future.
+    /// The next part of the body, as it came (the direct path's reader:
+    /// `protocol::message::Reader`).
     pub(crate) async fn part(&mut self) -> Option<Result<Part, Status>> {
-        std::future::poll_fn(|cx| self.poll_part(cx)).await
+        std::future::poll_fn(|cx| self.poll_part(cx, false)).await
     }
 }
 
@@ -194,7 +204,7 @@ impl http_body::Body for RecvBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        self.poll_part(cx).map(|p| {
+        self.poll_part(cx, true).map(|p| {
             p.map(|r| {
                 r.map(|p| match p {
                     Part::Data(d) => Frame::data(d),

@@ -17,6 +17,8 @@ pub struct SessionConfig {
     /// Largest DATA payload per frame sent (default 1 MiB minus the 6-byte
     /// frame header, so that a full DATA frame is exactly 1 MiB: four whole
     /// rendezvous buffers of rdma-transport's default 256 KiB, not five).
+    /// A body's last frame may carry up to 1/64 more, so that a message
+    /// just over a frame leaves as one.
     pub max_data_frame: usize,
     /// Time allowed for the HELLO exchange (default 5 s).
     pub handshake_timeout: Duration,

@@ -170,6 +170,8 @@ pub(crate) struct Shared {
     pub(crate) peer: Hello,
     /// Largest DATA payload per frame.
     pub(crate) max_data: usize,
+    /// Largest DATA payload of a body's last frame ([`last_data_len`]).
+    max_last_data: usize,
     outbox: Outbox,
     out_budget: Arc<Semaphore>,
     /// Connection-level send window granted by the peer (§1.4).
@@ -314,6 +316,17 @@ const GATHER_MIN_BYTES: usize = 8 << 10;
 /// connection carries, and, where the transport has a preferred granule
 /// (RDMA: the rendezvous chunk), such that header + payload fill whole
 /// granules (a 1 MiB frame = four 256 KiB rendezvous buffers, not five).
+/// Largest DATA payload of a body's last frame: up to 1/64 more than
+/// `max_data` (within what the connection carries), so that a body just
+/// over a frame (a 1 MiB payload behind its 5-byte prefix and its field's
+/// tag) leaves as one frame, not one and a frame of a few bytes, which the
+/// receiver would have to join to the first (a copy of the whole message).
+fn last_data_len(max_frame: usize, max_data: usize) -> usize {
+    (max_data + max_data / 64)
+        .min(max_frame.saturating_sub(frame::HEADER_LEN))
+        .max(max_data)
+}
+
 fn max_data_len(max_frame: usize, max_data_frame: usize, granule: usize) -> usize {
     let frame_len = max_frame.min(max_data_frame.saturating_add(frame::HEADER_LEN));
     let granule = granule.max(1);
@@ -350,6 +363,7 @@ pub(crate) async fn start<C: Connection>(
         config.max_data_frame,
         tx.frame_granule(),
     );
+    let max_last_data = last_data_len(tx.max_frame_len(), max_data);
     // Frames queued together leave as one BATCH message when both sides
     // support it (§1.7): a unary call then costs one message each way.
     let batch_max = if peer.features & frame::FEATURE_BATCH != 0 {
@@ -374,6 +388,7 @@ pub(crate) async fn start<C: Connection>(
         config,
         peer,
         max_data,
+        max_last_data,
         outbox: Outbox::new(tx, batch_max),
         out_budget: Arc::new(Semaphore::new(OUT_QUEUE_BYTES)),
         conn_window: SendWindow::new(peer.connection_window),
@@ -859,12 +874,15 @@ impl Shared {
         while !data.is_empty() {
             // Stream credit first (only this call can use it), then connection credit;
             // stream credit not covered by the connection's goes back (§1.4).
-            let n = self
-                .reserve_or_wake(window, data.len().min(self.max_data))
-                .await?;
+            let want = if data.len() <= self.max_last_data {
+                data.len()
+            } else {
+                self.max_data
+            };
+            let n = self.reserve_or_wake(window, want).await?;
             let k = self.reserve_or_wake(&self.conn_window, n).await?;
             if k < n {
-                // `k < n <= max_data`, a frame's payload: fits in u32.
+                // `k < n <= max_last_data`, a frame's payload: fits in u32.
                 let _ = window.grant(id, u32::try_from(n - k).unwrap_or(u32::MAX));
             }
             let n = k;
@@ -1248,5 +1266,18 @@ mod tests {
         assert_eq!(max_data_len(16 << 20, 1000, 1), 1000);
         assert_eq!(max_data_len(700, 1000, 1), 700 - h);
         assert_eq!(max_data_len(0, 1000, 1), 1);
+    }
+
+    #[test]
+    fn a_body_just_over_a_frame_leaves_as_one() {
+        let h = frame::HEADER_LEN;
+        let max = (1 << 20) - h;
+        // A 1 MiB payload behind its prefix and tag fits the last frame.
+        assert_eq!(last_data_len(16 << 20, max), max + max / 64);
+        assert!(last_data_len(16 << 20, max) >= (1 << 20) + 16);
+        // Never beyond what the connection carries, never below max_data.
+        assert_eq!(last_data_len(max + h + 10, max), max + 10);
+        assert_eq!(last_data_len(max + h, max), max);
+        assert_eq!(last_data_len(0, 1), 1);
     }
 }
