@@ -6,7 +6,9 @@
 //! writes into it, so a 1 MiB message reallocates (and copies what it has
 //! written so far) up to eight times and ends in a 2 MiB buffer. Reserving
 //! [`Message::encoded_len`] first makes it one allocation of the message's
-//! size, with no copy. Decoding is tonic-prost's: a `bytes` field compiled
+//! size, with no copy. Both start from a buffer of [`BUFFER_BYTES`], not
+//! tonic's 8 KiB: a small call's message fits it, and a large one reserves
+//! its own length anyway. Decoding is tonic-prost's: a `bytes` field compiled
 //! with `.bytes(..)` is a slice of the received buffer (see the
 //! `rpc_codegen` crate docs). Messages on the wire are the same either way.
 
@@ -14,6 +16,17 @@ use prost::Message;
 use std::marker::PhantomData;
 use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
 use tonic::Status;
+
+/// The encoder's and the decoder's first buffer (tonic's default: 8 KiB,
+/// four of which a small unary call allocated, client and server).
+pub const BUFFER_BYTES: usize = 1024;
+
+/// tonic's default: a streaming body yields once this much is encoded.
+const YIELD_THRESHOLD: usize = 32 * 1024;
+
+fn buffer_settings() -> BufferSettings {
+    BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD)
+}
 
 /// A [`Codec`] for `application/grpc+proto` messages (prost), whose encoder
 /// reserves each message's encoded length before writing it. A drop-in for
@@ -42,12 +55,12 @@ where
     fn encoder(&mut self) -> Self::Encoder {
         ProstEncoder {
             _pd: PhantomData,
-            buffer_settings: BufferSettings::default(),
+            buffer_settings: buffer_settings(),
         }
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        tonic_prost::ProstCodec::<T, U>::raw_decoder(BufferSettings::default())
+        tonic_prost::ProstCodec::<T, U>::raw_decoder(buffer_settings())
     }
 }
 
