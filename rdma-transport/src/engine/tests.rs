@@ -2741,3 +2741,41 @@ fn credit_returns_are_held_while_the_application_is_behind() {
     e.note_backlog(0, true);
     assert!(!e.holding_returns());
 }
+
+/// §5.3 (informative): large messages are reassembled in buffers the
+/// receiving thread reuses once a message was dropped; a message the
+/// application keeps never changes while later ones are reassembled.
+#[test]
+fn a_kept_large_message_never_changes_and_a_dropped_ones_buffer_is_reused() {
+    // On a thread of its own: the reassembly buffers are the thread's.
+    std::thread::spawn(|| {
+        for imm in [false, true] {
+            let mut p = P::small();
+            p.imm = imm;
+            let (mut a, mut b) = connect(&p);
+            let len = 3 * 4096 + 100;
+            let send = |a: &mut Side, b: &mut Side, id: u64| {
+                a.e.submit(pattern(id, len));
+                pump(a, b);
+                b.got.pop().expect("a large message delivered")
+            };
+            let kept = send(&mut a, &mut b, 1);
+            assert_eq!(kept, pattern(1, len));
+            let second = send(&mut a, &mut b, 2);
+            let at = second.as_ptr();
+            assert_ne!(at, kept.as_ptr(), "a kept message's buffer is not reused");
+            // Later messages while `kept` is alive: it never changes.
+            drop(second);
+            for id in 3..6 {
+                let m = send(&mut a, &mut b, id);
+                assert_eq!(m, pattern(id, len));
+                assert_ne!(m.as_ptr(), kept.as_ptr());
+                // The dropped message's buffer is the one reused.
+                assert_eq!(m.as_ptr(), at, "imm={imm}: message {id}");
+            }
+            assert_eq!(kept, pattern(1, len), "a kept message never changes");
+        }
+    })
+    .join()
+    .expect("test thread");
+}
