@@ -51,11 +51,11 @@ pub enum PollMode {
 /// recv_slot_bytes + initial_send_slots * recv_slot_bytes` while idle
 /// (64 KiB with the defaults); the rings grow to `recv_slots` and
 /// `send_slots` under load, and the rendezvous region and the staging
-/// buffers (`rendezvous_buffers * rendezvous_buffer_bytes` each, 2 MiB with
+/// buffers (`rendezvous_buffers * rendezvous_buffer_bytes` each, 4 MiB with
 /// the defaults) are registered while large messages flow and released after
 /// `memory_idle_release` without them. The most a connection registers is
 /// `recv_slots * recv_slot_bytes + send_slots * recv_slot_bytes + 2 *
-/// rendezvous_buffers * rendezvous_buffer_bytes`: 5 MiB with the defaults,
+/// rendezvous_buffers * rendezvous_buffer_bytes`: 9 MiB with the defaults,
 /// all of it up front with `memory_on_demand: false`.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -98,7 +98,9 @@ pub struct Config {
     /// Bytes per rendezvous buffer (= maximum chunk). Default 256 KiB. Min 4096.
     pub rendezvous_buffer_bytes: usize,
     /// Rendezvous buffers advertised to the peer (and as many local staging
-    /// buffers). Default 8. Range 1..=4096.
+    /// buffers). Default 16: 8 MiB messages in flight at 8 calls of 1 MiB
+    /// reached `ib_write_bw` in the Soft-RoCE VM where 8 buffers reached
+    /// 0.85x (`docs/benchmarks.md`, large calls). Range 1..=4096.
     pub rendezvous_buffers: u32,
     /// Largest message accepted (and sent). Default 1 GiB.
     pub max_message_bytes: usize,
@@ -235,7 +237,7 @@ impl Default for Config {
             memory_idle_release: Duration::from_secs(5),
             rendezvous_threshold_bytes: 4096,
             rendezvous_buffer_bytes: 256 * 1024,
-            rendezvous_buffers: 8,
+            rendezvous_buffers: 16,
             max_message_bytes: 1 << 30,
             max_inline_bytes: 128,
             signal_every: 16,
