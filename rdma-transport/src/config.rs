@@ -196,7 +196,10 @@ pub struct Config {
     /// connection uses them; a block is also let go once unused for a whole
     /// `memory_idle_release` (never with zero). They count in
     /// [`registered_bytes`](crate::registered_bytes). Zero keeps none (every
-    /// block is deregistered when its connection lets it go). Default 16 MiB.
+    /// block is deregistered when its connection lets it go). Default 32 MiB:
+    /// what a closed pair of connections that moved large messages gives
+    /// back (a 4 MiB region and 4 MiB of staging on each side) and their
+    /// ring segments.
     pub device_pool_idle_bytes: usize,
     /// Most bytes one connection exposes to its peer at a time
     /// ([`RemoteMemory::expose`](crate::RemoteMemory::expose), wire
@@ -257,7 +260,7 @@ impl Default for Config {
             shared_receive_queue: true,
             shared_receive_max_buffers: 16384,
             device_pool: true,
-            device_pool_idle_bytes: 16 << 20,
+            device_pool_idle_bytes: 32 << 20,
             max_exposed_bytes: 256 << 20,
             one_sided_cache_bytes: 16 << 20,
             one_sided_poll_mode: None,

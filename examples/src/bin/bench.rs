@@ -221,7 +221,7 @@ struct Args {
     /// transport's, 256 KiB). For the rendezvous sweep (docs/benchmarks.md).
     #[arg(long, value_parser = parse_size)]
     rdv_bytes: Option<usize>,
-    /// RDMA path: rendezvous buffers per connection, both sides (default 8).
+    /// RDMA path: rendezvous buffers per connection, both sides (default 16).
     #[arg(long)]
     rdv_buffers: Option<u32>,
     /// RDMA path: notify chunks by SEND even where WRITE with immediate
