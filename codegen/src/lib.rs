@@ -61,8 +61,8 @@
 //! doubles from 8 KiB (a 1 MiB message: one 1 MiB allocation, not eight
 //! reallocations ending at 2 MiB), and whose encode and decode buffers
 //! start at 1 KiB rather than 8 KiB (a small call's message fits). For
-//! payload fields, declare `bytes` and
-//! ask prost for [`bytes::Bytes`](https://docs.rs/bytes) instead of
+//! payload fields, declare `bytes` and ask prost for
+//! [`bytes::Bytes`](https://docs.rs/bytes) instead of
 //! `Vec<u8>`: the decoded field is then a slice of the received buffer, not
 //! a copy of it.
 //!
@@ -194,9 +194,9 @@ pub struct Options {
     /// `rpc_core::codec::ProstCodec`, tonic-prost's codec with an encoder
     /// that reserves each message's encoded length first (a large message
     /// is encoded into one allocation, not a buffer doubling from 8 KiB)
-    /// and buffers that start at 1 KiB, not 8 KiB. The bytes on the wire are the same. Applies only while the builder's
-    /// `codec_path` is tonic-prost-build's default; `false` keeps that
-    /// default.
+    /// and buffers that start at 1 KiB, not 8 KiB. The bytes on the wire
+    /// are the same. Applies only while the builder's `codec_path` is
+    /// tonic-prost-build's default; `false` keeps that default.
     pub lean_codec: bool,
     /// `true` (the default): generated clients and servers take the direct
     /// path on message connections (`rpc_core::direct`): a unary or

@@ -53,10 +53,7 @@ where
     type Decoder = tonic_prost::ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder {
-            _pd: PhantomData,
-            buffer_settings: buffer_settings(),
-        }
+        ProstEncoder { _pd: PhantomData }
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -69,7 +66,6 @@ where
 #[derive(Debug, Clone)]
 pub struct ProstEncoder<T> {
     _pd: PhantomData<T>,
-    buffer_settings: BufferSettings,
 }
 
 impl<T: Message> Encoder for ProstEncoder<T> {
@@ -85,6 +81,6 @@ impl<T: Message> Encoder for ProstEncoder<T> {
     }
 
     fn buffer_settings(&self) -> BufferSettings {
-        self.buffer_settings
+        buffer_settings()
     }
 }

@@ -5,10 +5,8 @@
 
 use bytes::BytesMut;
 
-use super::reasm_buf;
-
 use super::wire::{self, Header, Kind, FLAG_LAST, HDR_LEN};
-use super::{Buffers, Engine, EngineError, Event, PeerMisbehaved, REASSEMBLY_RESERVE};
+use super::{reasm_buf, Buffers, Engine, EngineError, Event, PeerMisbehaved, REASSEMBLY_RESERVE};
 
 /// Our rendezvous region (§5.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

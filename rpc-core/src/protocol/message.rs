@@ -109,15 +109,21 @@ impl Reader {
         self.whole.as_ref().map_or(0, Bytes::len) + self.buf.len()
     }
 
-    /// The length (prefix included) of the message the pending bytes
-    /// begin with, once its prefix is in and within the limit.
-    fn expected(&self) -> Option<usize> {
+    /// The prefix the pending bytes begin with (flag byte, then the
+    /// message's length), once all of it is in.
+    fn prefix(&self) -> Option<(u8, usize)> {
         let src: &[u8] = match &self.whole {
             Some(w) => w,
             None => &self.buf,
         };
         let h = src.get(..PREFIX_LEN)?;
-        let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
+        Some((h[0], u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize))
+    }
+
+    /// The length (prefix included) of the message the pending bytes
+    /// begin with, once its prefix is in and within the limit.
+    fn expected(&self) -> Option<usize> {
+        let (_, len) = self.prefix()?;
         (len <= self.limit).then_some(PREFIX_LEN + len)
     }
 
@@ -128,11 +134,11 @@ impl Reader {
     fn gather(&mut self, more: &[u8]) {
         let want = self.pending() + more.len();
         let room = self.expected().map_or(want, |m| m.max(want));
-        if let Some(w) = self.whole.take() {
-            self.buf.reserve(room);
+        // `whole` is only ever set over an empty `buf`.
+        let whole = self.whole.take();
+        self.buf.reserve(room.saturating_sub(self.buf.len()));
+        if let Some(w) = whole {
             self.buf.extend_from_slice(&w);
-        } else {
-            self.buf.reserve(room.saturating_sub(self.buf.len()));
         }
         self.buf.extend_from_slice(more);
     }
@@ -140,17 +146,10 @@ impl Reader {
     /// The next whole message's bytes (prefix removed), if the pending
     /// bytes hold one; a prefix that breaks the rules is an error.
     fn take(&mut self) -> Result<Option<Bytes>, Status> {
-        let head: [u8; PREFIX_LEN] = {
-            let src: &[u8] = match &self.whole {
-                Some(w) => w,
-                None => &self.buf,
-            };
-            match src.get(..PREFIX_LEN) {
-                Some(h) => h.try_into().unwrap_or([0; PREFIX_LEN]),
-                None => return Ok(None),
-            }
+        let Some((flag, len)) = self.prefix() else {
+            return Ok(None);
         };
-        match head[0] {
+        match flag {
             0 => {}
             1 => {
                 return Err(Status::internal(
@@ -163,7 +162,6 @@ impl Reader {
                 )))
             }
         }
-        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
         if len > self.limit {
             return Err(Status::out_of_range(format!(
                 "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",

@@ -316,17 +316,6 @@ const GATHER_MIN_BYTES: usize = 8 << 10;
 /// connection carries, and, where the transport has a preferred granule
 /// (RDMA: the rendezvous chunk), such that header + payload fill whole
 /// granules (a 1 MiB frame = four 256 KiB rendezvous buffers, not five).
-/// Largest DATA payload of a body's last frame: up to 1/64 more than
-/// `max_data` (within what the connection carries), so that a body just
-/// over a frame (a 1 MiB payload behind its 5-byte prefix and its field's
-/// tag) leaves as one frame, not one and a frame of a few bytes, which the
-/// receiver would have to join to the first (a copy of the whole message).
-fn last_data_len(max_frame: usize, max_data: usize) -> usize {
-    (max_data + max_data / 64)
-        .min(max_frame.saturating_sub(frame::HEADER_LEN))
-        .max(max_data)
-}
-
 fn max_data_len(max_frame: usize, max_data_frame: usize, granule: usize) -> usize {
     let frame_len = max_frame.min(max_data_frame.saturating_add(frame::HEADER_LEN));
     let granule = granule.max(1);
@@ -336,6 +325,17 @@ fn max_data_len(max_frame: usize, max_data_frame: usize, granule: usize) -> usiz
         frame_len
     };
     frame_len.saturating_sub(frame::HEADER_LEN).max(1)
+}
+
+/// Largest DATA payload of a body's last frame: up to 1/64 more than
+/// `max_data` (within what the connection carries), so that a body just
+/// over a frame (a 1 MiB payload behind its 5-byte prefix and its field's
+/// tag) leaves as one frame, not one and a frame of a few bytes, which the
+/// receiver would have to join to the first (a copy of the whole message).
+fn last_data_len(max_frame: usize, max_data: usize) -> usize {
+    (max_data + max_data / 64)
+        .min(max_frame.saturating_sub(frame::HEADER_LEN))
+        .max(max_data)
 }
 
 /// Runs the handshake and starts the session's tasks.
