@@ -108,7 +108,11 @@ fn reply(req: &EchoRequest, seq: u32) -> EchoResponse {
         message: req.message.clone(),
         payload,
         seq,
-        crc32: crc32fast::hash(&req.payload),
+        crc32: if req.no_checksum {
+            0
+        } else {
+            crc32fast::hash(&req.payload)
+        },
     }
 }
 
