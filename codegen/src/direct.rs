@@ -33,6 +33,26 @@ pub(crate) struct Method {
     /// `SayHello`.
     pub(crate) proto: String,
     pub(crate) kind: Kind,
+    /// The request's singular `bytes` fields at its top level (Rust name,
+    /// field number), when it is a message of the service's file.
+    pub(crate) take_request: Vec<(String, i32)>,
+    /// The same for the reply.
+    pub(crate) take_reply: Vec<(String, i32)>,
+}
+
+/// The closure that takes a large one of `fields` out of a message, for
+/// `{core}::direct::take_large` (the first that is large), or none.
+fn take_closure(fields: &[(String, i32)], core: &str) -> Option<String> {
+    let takes: Vec<String> = fields
+        .iter()
+        .map(|(name, number)| format!("{core}::direct::take_large(&mut m.{name}, {number})"))
+        .collect();
+    let (first, rest) = takes.split_first()?;
+    let mut code = format!("|m| {first}");
+    for t in rest {
+        code.push_str(&format!(".or_else(|| {t})"));
+    }
+    Some(code)
 }
 
 /// One service, with the names tonic-prost-build gives its code.
@@ -163,10 +183,15 @@ pub(crate) fn add_to_clients(
                 .find(") -> ")
                 .and_then(|r| body[fn_at + r..at].find("{\n").map(|i| fn_at + r + i + 2))
                 .ok_or_else(|| format!("cannot find the body of {}", what()))?;
+            // A unary request's large `bytes` field goes uncopied.
+            let (call, take) = match (m.kind, take_closure(&m.take_request, core)) {
+                (Kind::Unary, Some(t)) => ("unary_large", format!(", {t}")),
+                _ => (call, String::new()),
+            };
             body.insert_str(
                 body_at,
                 &format!(
-                    "            if let ::core::option::Option::Some(direct) = self.direct.get() {{\n                return direct.{call}({lit}, request.into_request()).await;\n            }}\n"
+                    "            if let ::core::option::Option::Some(direct) = self.direct.get() {{\n                return direct.{call}({lit}, request.into_request(){take}).await;\n            }}\n"
                 ),
             );
         }
@@ -243,9 +268,14 @@ pub(crate) fn add_to_servers(
                 "                b\"{}\" => ::core::option::Option::Some({index}usize),",
                 m.proto
             );
+            // A unary reply's large `bytes` field goes uncopied.
+            let (call, take) = match (m.kind, take_closure(&m.take_reply, core)) {
+                (Kind::Unary, Some(t)) => ("unary_large", format!(", {t}")),
+                _ => (call, String::new()),
+            };
             let _ = writeln!(
                 calls,
-                "                {index}usize => call.{call}(self.limits, move |request| async move {{\n                    <T as {name}>::{ident}(&inner, request).await\n                }}),"
+                "                {index}usize => call.{call}(self.limits, move |request| async move {{\n                    <T as {name}>::{ident}(&inner, request).await\n                }}{take}),"
             );
             index += 1;
         }

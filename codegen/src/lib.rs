@@ -613,6 +613,20 @@ fn services_by_file(
         }
         let package = file.package();
         let services = files.entry(package_file_name(package)).or_default();
+        // This file's messages by full name (`.pkg.Outer.Inner`), for the
+        // large `bytes` fields of the requests and replies of its methods.
+        let mut messages = BTreeMap::new();
+        collect_messages(
+            &format!(".{package}").replace("..", "."),
+            &file.message_type,
+            &mut messages,
+        );
+        let large = |ty: &str| {
+            messages
+                .get(ty)
+                .map(|m| large_fields(m))
+                .unwrap_or_default()
+        };
         for service in &file.service {
             let name = to_upper_camel(service.name());
             services.push(direct::Service {
@@ -633,12 +647,48 @@ fn services_by_file(
                             (false, true) => direct::Kind::ServerStreaming,
                             _ => direct::Kind::Other,
                         },
+                        take_request: large(m.input_type()),
+                        take_reply: large(m.output_type()),
                     })
                     .collect(),
             });
         }
     }
     files
+}
+
+/// The messages declared in `messages` (and nested in them), by full name
+/// under `prefix` (`.pkg` or `.pkg.Outer`; `.` for no package).
+fn collect_messages<'a>(
+    prefix: &str,
+    messages: &'a [prost_types::DescriptorProto],
+    out: &mut BTreeMap<String, &'a prost_types::DescriptorProto>,
+) {
+    for m in messages {
+        let name = if prefix == "." {
+            format!(".{}", m.name())
+        } else {
+            format!("{prefix}.{}", m.name())
+        };
+        collect_messages(&name, &m.nested_type, out);
+        out.insert(name, m);
+    }
+}
+
+/// A message's singular `bytes` fields at its top level (Rust field name,
+/// field number): the direct path sends a large one apart from the rest
+/// (`rpc_core::direct::take_large`).
+fn large_fields(m: &prost_types::DescriptorProto) -> Vec<(String, i32)> {
+    use prost_types::field_descriptor_proto::{Label, Type};
+    m.field
+        .iter()
+        .filter(|f| {
+            f.r#type() == Type::Bytes
+                && f.label() != Label::Repeated
+                && (f.oneof_index.is_none() || f.proto3_optional())
+        })
+        .map(|f| (to_snake(f.name()), f.number()))
+        .collect()
 }
 
 /// prost-build's file name for a package (`Module::to_file_name_or("_")`).
@@ -1152,6 +1202,56 @@ mod tests {
         let changed = plain.replace("Self { inner }", "Self { inner: inner }");
         let e = direct::add_to_clients(&changed, services, "::rpc_core").unwrap_err();
         assert!(e.contains("the constructor"), "{e}");
+    }
+
+    #[test]
+    fn a_unary_message_s_bytes_field_is_sent_apart() {
+        let dir = generate("large", configure(), Options::default()).unwrap();
+        let code = read(&dir, "echo.rs");
+        // Request and reply of the unary method: their `payload` (field 2).
+        let take = "|m| ::rpc_core::direct::take_large(&mut m.payload, 2)";
+        let client = format!(
+            "return direct.unary_large(\"/echo.Echo/UnaryEcho\", request.into_request(), {take}).await;"
+        );
+        assert!(code.contains(&client), "{client} in {code}");
+        assert!(code.contains("0usize => call.unary_large(self.limits, move |request|"));
+        assert!(code.contains(&format!("}}, {take}),")), "{code}");
+        // Streaming methods keep the plain calls.
+        assert!(code.contains("direct.server_streaming(\"/echo.Echo/ServerStreamingEcho\""));
+        // A message without `bytes` fields: the plain unary call.
+        let hello = read(&dir, "helloworld.rs");
+        assert!(!hello.contains("unary_large"), "{hello}");
+        // Nested messages are found by their full names; repeated and
+        // oneof `bytes` fields are not taken, proto3 optional ones are.
+        let fds = protox::compile(["echo.proto"], [proto_root()]).unwrap();
+        let mut all = BTreeMap::new();
+        collect_messages(".echo", &fds.file[0].message_type, &mut all);
+        assert!(all.contains_key(".echo.EchoRequest"), "{:?}", all.keys());
+        use prost_types::field_descriptor_proto::{Label, Type};
+        let field = |name: &str, n: i32, label: Label, oneof: Option<i32>, opt: bool| {
+            prost_types::FieldDescriptorProto {
+                name: Some(name.into()),
+                number: Some(n),
+                label: Some(label as i32),
+                r#type: Some(Type::Bytes as i32),
+                oneof_index: oneof,
+                proto3_optional: opt.then_some(true),
+                ..Default::default()
+            }
+        };
+        let m = prost_types::DescriptorProto {
+            field: vec![
+                field("many", 1, Label::Repeated, None, false),
+                field("choice", 2, Label::Optional, Some(0), false),
+                field("maybe", 3, Label::Optional, Some(1), true),
+                field("type", 4, Label::Optional, None, false),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            large_fields(&m),
+            [("maybe".to_string(), 3), ("r#type".to_string(), 4)]
+        );
     }
 
     #[test]

@@ -20,6 +20,8 @@
 //!   [`SendHalf`] and [`RecvHalf`] of a [`Connection`],
 //! * [`engine`]: the sans-IO protocol engine (credits, receive and send
 //!   rings, rendezvous, close) and the wire format ([`engine::wire`]),
+//! * [`kept`]: large heap buffers a thread reuses once their messages are
+//!   gone (reassembly here, encoding in rpc-core),
 //! * `mem`: registered memory, the device and shared receive pools, and
 //!   each connection's buffers,
 //! * `remote`: one-sided access ([`RemoteMemory`], [`Exposure`]): the
@@ -43,6 +45,7 @@ mod config;
 mod conn;
 pub mod engine;
 mod error;
+pub mod kept;
 #[allow(unsafe_code)]
 mod mem;
 mod remote;

@@ -110,6 +110,7 @@ pub use transport::rdma::MAX_RDMA_FRAME;
 /// change with rpc_codegen's.
 pub mod direct {
     pub use crate::client::generated::{Call, Client};
+    pub use crate::protocol::message::{take_large, LargeField, LARGE_FIELD_MIN};
     pub use crate::server::generated::{
         counts, register, Counts, DirectFuture, Limits, Methods, ServerCall,
     };

@@ -180,8 +180,24 @@ impl Call {
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
+        self.unary_large(path, request, |_| None).await
+    }
+
+    /// [`unary`](Self::unary) for a request with `bytes` fields: `take`
+    /// takes a large one out of the request (`rpc_core::direct::take_large`),
+    /// whose bytes then go to the transport uncopied, after the others.
+    pub async fn unary_large<Req, Resp>(
+        self,
+        path: &'static str,
+        request: tonic::Request<Req>,
+        take: impl FnOnce(&mut Req) -> Option<(u32, bytes::Bytes)>,
+    ) -> Result<tonic::Response<Resp>, Status>
+    where
+        Req: prost::Message,
+        Resp: prost::Message + Default,
+    {
         let limit = self.max_decoding_message_size;
-        let (deadline, opening) = self.open(path, request)?;
+        let (deadline, opening) = self.open(path, request, take)?;
         let work = async {
             let Opened {
                 shared,
@@ -220,7 +236,7 @@ impl Call {
     {
         let limit = self.max_decoding_message_size;
         let keepalive: Arc<dyn std::any::Any + Send + Sync> = self.chan.clone();
-        let (deadline, opening) = self.open(path, request)?;
+        let (deadline, opening) = self.open(path, request, |_| None)?;
         let work = async {
             let mut call = opening.await?;
             if let Some((at, t)) = call.deadline {
@@ -292,6 +308,7 @@ impl Call {
         self,
         path: &'static str,
         request: tonic::Request<Req>,
+        take: impl FnOnce(&mut Req) -> Option<(u32, bytes::Bytes)>,
     ) -> Result<
         (
             Option<(Instant, Duration)>,
@@ -312,9 +329,8 @@ impl Call {
         // A request the encoder refuses fails as tonic's client fails it
         // (over HTTP/2 and the call protocol alike): INTERNAL, the request
         // body's error, with the encoder's status in its text.
-        let data = message::encode(&msg, self.max_encoding_message_size)
+        let data = message::encode_split(msg, self.max_encoding_message_size, take)
             .map_err(|e| Status::internal(format!("request body failed: {e}")))?;
-        drop(msg);
         let deadline = call_timeout.map(|t| (Instant::now() + t, t));
         let chan = self.chan;
         let reserved = self.slot.filter(|(s, _)| !s.is_unusable());
@@ -355,7 +371,9 @@ impl Call {
             }
             // If the call ended early (the server answered, or reset it),
             // the answer is in `rx`: read it rather than report the send.
-            let _ = shared.send_body(stream, &window, data, true, false).await;
+            let _ = shared
+                .send_message(stream, &window, data, true, false)
+                .await;
             Ok(Opened {
                 shared,
                 stream,

@@ -446,14 +446,20 @@ pub fn encode_metadata_frame_with(
 
 /// Encodes DATA (copies `data` behind the header).
 pub fn encode_data(stream: u32, data: &[u8], end_stream: bool) -> Bytes {
-    arena::fill(HEADER_LEN + data.len(), |b| {
+    encode_data_joined(stream, data, &[], end_stream)
+}
+
+/// Encodes DATA whose payload is `a` then `b`.
+pub fn encode_data_joined(stream: u32, a: &[u8], b: &[u8], end_stream: bool) -> Bytes {
+    arena::fill(HEADER_LEN + a.len() + b.len(), |buf| {
         header(
-            b,
+            buf,
             kind::DATA,
             if end_stream { FLAG_END_STREAM } else { 0 },
             stream,
         );
-        b.put_slice(data);
+        buf.put_slice(a);
+        buf.put_slice(b);
     })
 }
 

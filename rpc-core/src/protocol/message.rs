@@ -7,6 +7,7 @@
 
 use crate::protocol::body::{Part, RecvBody};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use rdma_transport::kept::{self, KeptBuffers};
 use tonic::Status;
 
 /// tonic's default limit on a decoded message (4 MiB), which applies when
@@ -42,21 +43,28 @@ pub(crate) fn sanitized(md: tonic::metadata::MetadataMap) -> http::HeaderMap {
     h
 }
 
-/// `msg` behind its prefix, or tonic's OUT_OF_RANGE error when it is larger
-/// than `limit` (`max_encoding_message_size`).
-pub(crate) fn encode<M: prost::Message>(msg: &M, limit: Option<usize>) -> Result<Bytes, Status> {
-    let len = msg.encoded_len();
+/// A message's encoded length as its prefix carries it, or tonic's
+/// OUT_OF_RANGE error when it is larger than `limit`
+/// (`max_encoding_message_size`).
+fn checked_len(len: usize, limit: Option<usize>) -> Result<u32, Status> {
     let limit = limit.unwrap_or(usize::MAX);
     if len > limit {
         return Err(Status::out_of_range(format!(
             "Error, encoded message length too large: found {len} bytes, the limit is: {limit} bytes"
         )));
     }
-    let len32 = u32::try_from(len).map_err(|_| {
+    u32::try_from(len).map_err(|_| {
         Status::resource_exhausted(format!(
             "a message of {len} bytes does not fit gRPC's 4-byte length"
         ))
-    })?;
+    })
+}
+
+/// `msg` behind its prefix, or tonic's OUT_OF_RANGE error when it is larger
+/// than `limit` (`max_encoding_message_size`).
+pub(crate) fn encode<M: prost::Message>(msg: &M, limit: Option<usize>) -> Result<Bytes, Status> {
+    let len = msg.encoded_len();
+    let len32 = checked_len(len, limit)?;
     let write = |b: &mut BytesMut| {
         b.put_u8(0);
         b.put_u32(len32);
@@ -67,10 +75,102 @@ pub(crate) fn encode<M: prost::Message>(msg: &M, limit: Option<usize>) -> Result
     if PREFIX_LEN + len <= ARENA_MAX {
         crate::arena::build(PREFIX_LEN + len, write)
     } else {
-        let mut b = BytesMut::with_capacity(PREFIX_LEN + len);
+        // A larger message goes into a buffer this thread kept from an
+        // earlier one that is gone (the transport drops a sent message
+        // once it copied it out): no allocation and no page faults per
+        // message in steady state.
+        let mut b = kept::take(&ENCODE_BUFFERS, PREFIX_LEN + len);
         write(&mut b)?;
-        Ok(b.freeze())
+        Ok(kept::finish(&ENCODE_BUFFERS, b))
     }
+}
+
+thread_local! {
+    /// The thread's handles of the buffers its large messages were encoded
+    /// in (`rdma_transport::kept`: at most 2 of at most 4 MiB).
+    static ENCODE_BUFFERS: KeptBuffers = const { KeptBuffers::new() };
+}
+
+/// A `bytes` field of a message that the generated direct path may send
+/// apart from the rest of the message ([`take_large`]), whatever Rust type
+/// prost gave it.
+pub trait LargeField {
+    /// The field's bytes, taken out of the message (the field left empty or
+    /// unset) when they are at least [`LARGE_FIELD_MIN`] long; without a copy.
+    fn take_large(&mut self) -> Option<Bytes>;
+}
+
+/// The smallest `bytes` field sent apart from its message: below it the
+/// copy into the encoded message costs less than a part of its own.
+pub const LARGE_FIELD_MIN: usize = 16 << 10;
+
+impl LargeField for Bytes {
+    fn take_large(&mut self) -> Option<Bytes> {
+        (self.len() >= LARGE_FIELD_MIN).then(|| std::mem::take(self))
+    }
+}
+
+impl LargeField for Vec<u8> {
+    fn take_large(&mut self) -> Option<Bytes> {
+        // `Bytes::from(Vec)` takes the allocation over: no copy.
+        (self.len() >= LARGE_FIELD_MIN).then(|| Bytes::from(std::mem::take(self)))
+    }
+}
+
+impl<T: LargeField> LargeField for Option<T> {
+    fn take_large(&mut self) -> Option<Bytes> {
+        let b = self.as_mut()?.take_large()?;
+        *self = None;
+        Some(b)
+    }
+}
+
+/// Takes a large `bytes` field (field number `tag`) out of a message, for
+/// [`encode_split`]; what rpc-codegen's generated code calls.
+pub fn take_large(field: &mut impl LargeField, tag: u32) -> Option<(u32, Bytes)> {
+    field.take_large().map(|b| (tag, b))
+}
+
+/// A message encoded for sending: `head` (the prefix and the encoded
+/// fields), then `tail`, a large `bytes` field's value that was not copied
+/// (empty when there is none).
+#[derive(Debug, Default)]
+pub(crate) struct Encoded {
+    pub(crate) head: Bytes,
+    pub(crate) tail: Bytes,
+}
+
+/// As [`encode`], with the large `bytes` field `take` takes out of `msg`
+/// (if any) sent after the others, as `tail`: its bytes are not copied
+/// here, and the transport copies them once. Protobuf lets fields come in
+/// any order (and for a field that occurs twice the last one wins), so
+/// the bytes decode to the same message wherever the field was declared.
+pub(crate) fn encode_split<M: prost::Message>(
+    mut msg: M,
+    limit: Option<usize>,
+    take: impl FnOnce(&mut M) -> Option<(u32, Bytes)>,
+) -> Result<Encoded, Status> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+    let Some((tag, tail)) = take(&mut msg) else {
+        return encode(&msg, limit).map(|head| Encoded {
+            head,
+            tail: Bytes::new(),
+        });
+    };
+    let rest = msg.encoded_len();
+    let field_head = key_len(tag) + encoded_len_varint(tail.len() as u64);
+    let len = rest + field_head + tail.len();
+    let len32 = checked_len(len, limit)?;
+    let head = crate::arena::build(PREFIX_LEN + rest + field_head, |b| {
+        b.put_u8(0);
+        b.put_u32(len32);
+        msg.encode(b)
+            .map_err(|e| Status::internal(format!("encoding a message: {e}")))?;
+        encode_key(tag, WireType::LengthDelimited, b);
+        encode_varint(tail.len() as u64, b);
+        Ok::<(), Status>(())
+    })?;
+    Ok(Encoded { head, tail })
 }
 
 /// Reads whole messages from a call's body: a message that came in one
@@ -249,6 +349,79 @@ mod tests {
         seconds: i64,
         #[prost(int32, tag = "2")]
         nanos: i32,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Blob {
+        #[prost(string, tag = "1")]
+        name: String,
+        #[prost(bytes = "bytes", tag = "2")]
+        data: Bytes,
+        #[prost(uint32, tag = "3")]
+        seq: u32,
+        #[prost(bytes = "vec", optional, tag = "4")]
+        extra: Option<Vec<u8>>,
+    }
+
+    fn joined(e: &Encoded) -> Vec<u8> {
+        [&e.head[..], &e.tail[..]].concat()
+    }
+
+    #[test]
+    fn a_large_field_goes_last_uncopied_and_decodes_to_the_same_message() {
+        let data = Bytes::from(vec![7u8; LARGE_FIELD_MIN + 3]);
+        let msg = Blob {
+            name: "n".into(),
+            data: data.clone(),
+            seq: 9,
+            extra: Some(vec![1, 2, 3]),
+        };
+        let whole = encode(&msg, None).unwrap();
+        let e = encode_split(msg.clone(), None, |m| take_large(&mut m.data, 2)).unwrap();
+        // The field's bytes are the message's own, not a copy.
+        assert_eq!(e.tail.as_ptr(), data.as_ptr());
+        assert_eq!(e.tail.len(), data.len());
+        let bytes = joined(&e);
+        assert_eq!(bytes.len(), whole.len(), "same length, prefix included");
+        assert_eq!(bytes[..PREFIX_LEN], whole[..PREFIX_LEN]);
+        let back = <Blob as prost::Message>::decode(&bytes[PREFIX_LEN..]).unwrap();
+        assert_eq!(back, msg);
+        // The limit counts the whole message.
+        let st = encode_split(msg.clone(), Some(whole.len() - PREFIX_LEN - 1), |m| {
+            take_large(&mut m.data, 2)
+        })
+        .unwrap_err();
+        assert_eq!(st.code(), tonic::Code::OutOfRange);
+        // An optional `Vec<u8>` field is taken without a copy too.
+        let big = vec![5u8; LARGE_FIELD_MIN];
+        let at = big.as_ptr();
+        let msg = Blob {
+            extra: Some(big),
+            ..Blob::default()
+        };
+        let e = encode_split(msg.clone(), None, |m| take_large(&mut m.extra, 4)).unwrap();
+        let back = <Blob as prost::Message>::decode(&joined(&e)[PREFIX_LEN..]).unwrap();
+        assert_eq!(back, msg);
+        let e = encode_split(msg, None, |m| take_large(&mut m.extra, 4)).unwrap();
+        assert_eq!(e.tail.as_ptr(), at);
+        let msg = Blob {
+            extra: Some(vec![5u8; LARGE_FIELD_MIN]),
+            ..Blob::default()
+        };
+        let back = <Blob as prost::Message>::decode(&joined(&e)[PREFIX_LEN..]).unwrap();
+        assert_eq!(back, msg);
+    }
+
+    #[test]
+    fn a_small_field_stays_in_place() {
+        let msg = Blob {
+            data: Bytes::from(vec![1u8; LARGE_FIELD_MIN - 1]),
+            seq: 1,
+            ..Blob::default()
+        };
+        let e = encode_split(msg.clone(), None, |m| take_large(&mut m.data, 2)).unwrap();
+        assert!(e.tail.is_empty());
+        assert_eq!(e.head, encode(&msg, None).unwrap());
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub(crate) mod streams;
 
 use crate::conn::{Connection, FrameReceiver, FrameSender};
 use crate::protocol::frame::{self, DecodeLimits, Frame, Hello};
+use crate::protocol::message::Encoded;
 use crate::protocol::window::SendWindow;
 use crate::{ConnInfo, PeerMisbehaved, SessionConfig};
 use bytes::Bytes;
@@ -845,8 +846,28 @@ impl Shared {
         end_stream: bool,
         followed: bool,
     ) -> Result<(), Status> {
+        let msg = Encoded {
+            head: data,
+            tail: Bytes::new(),
+        };
+        self.send_message(id, window, msg, end_stream, followed)
+            .await
+    }
+
+    /// [`send_body`](Self::send_body) for a body of one message encoded
+    /// as its head and an uncopied tail (`message::encode_split`): the
+    /// tail goes to the transport as a part of its own, so its bytes are
+    /// copied once, by the transport.
+    pub(crate) async fn send_message(
+        &self,
+        id: u32,
+        window: &SendWindow,
+        msg: Encoded,
+        end_stream: bool,
+        followed: bool,
+    ) -> Result<(), Status> {
         let r = self
-            .send_body_frames(id, window, data, end_stream, followed)
+            .send_body_frames(id, window, msg, end_stream, followed)
             .await;
         if r.is_err() {
             // Frames this task queued without waking the writer go now.
@@ -859,11 +880,15 @@ impl Shared {
         &self,
         id: u32,
         window: &SendWindow,
-        mut data: Bytes,
+        msg: Encoded,
         end_stream: bool,
         followed: bool,
     ) -> Result<(), Status> {
-        if data.is_empty() {
+        let Encoded {
+            mut head,
+            tail: mut data,
+        } = msg;
+        if head.is_empty() && data.is_empty() {
             if end_stream {
                 return self
                     .send_data(frame::encode_data(id, &[], true), 0, true, false)
@@ -871,11 +896,12 @@ impl Shared {
             }
             return Ok(());
         }
-        while !data.is_empty() {
+        while !head.is_empty() || !data.is_empty() {
             // Stream credit first (only this call can use it), then connection credit;
             // stream credit not covered by the connection's goes back (§1.4).
-            let want = if data.len() <= self.max_last_data {
-                data.len()
+            let left = head.len() + data.len();
+            let want = if left <= self.max_last_data {
+                left
             } else {
                 self.max_data
             };
@@ -886,18 +912,27 @@ impl Shared {
                 let _ = window.grant(id, u32::try_from(n - k).unwrap_or(u32::MAX));
             }
             let n = k;
-            let chunk = data.split_to(n);
-            let last = end_stream && data.is_empty();
+            // The frame's payload: what is left of the head, then the tail.
+            let first = head.split_to(n.min(head.len()));
+            let chunk = data.split_to(n - first.len());
+            let last = end_stream && head.is_empty() && data.is_empty();
             // Frames before the body's last are followed by it.
             let followed = followed || (end_stream && !last);
             if chunk.len() >= GATHER_MIN_BYTES {
-                // Header and payload go to the transport as two parts: the
-                // payload is copied once, by the transport.
-                self.send_data_parts(frame::encode_data_head(id, last), chunk, n, last, followed)
-                    .await?;
+                // Header (and the head's bytes) and payload go to the
+                // transport as two parts: the payload is copied once, by
+                // the transport.
+                self.send_data_parts(
+                    frame::encode_data(id, &first, last),
+                    chunk,
+                    n,
+                    last,
+                    followed,
+                )
+                .await?;
             } else {
-                self.send_data(frame::encode_data(id, &chunk, last), n, last, followed)
-                    .await?;
+                let f = frame::encode_data_joined(id, &first, &chunk, last);
+                self.send_data(f, n, last, followed).await?;
             }
         }
         Ok(())

@@ -139,23 +139,41 @@ impl ServerCall {
         F: FnOnce(tonic::Request<Req>) -> Fut + Send + 'static,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>> + Send + 'static,
     {
+        self.unary_large(limits, handler, |_| None)
+    }
+
+    /// [`unary`](Self::unary) for a reply with `bytes` fields: `take` takes
+    /// a large one out of the reply (`rpc_core::direct::take_large`), whose
+    /// bytes then go to the transport uncopied, after the others.
+    pub fn unary_large<Req, Resp, F, Fut, Take>(
+        self,
+        limits: Limits,
+        handler: F,
+        take: Take,
+    ) -> DirectFuture
+    where
+        Req: prost::Message + Default + Send + 'static,
+        Resp: prost::Message + Send + 'static,
+        F: FnOnce(tonic::Request<Req>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>> + Send + 'static,
+        Take: FnOnce(&mut Resp) -> Option<(u32, bytes::Bytes)> + Send + 'static,
+    {
         self.start(limits, move |shared, stream, window, req| async move {
             let resp = handler(req).await;
             let (md, msg, _) = match resp {
                 Ok(r) => r.into_parts(),
                 Err(st) => return send_status(&shared, stream, st),
             };
-            let data = match message::encode(&msg, limits.max_encoding_message_size) {
+            let data = match message::encode_split(msg, limits.max_encoding_message_size, take) {
                 Ok(d) => d,
                 Err(st) => return send_status(&shared, stream, st),
             };
-            drop(msg);
             // HEADERS, DATA and TRAILERS leave together: the TRAILERS flush.
             if !send_headers(&shared, stream, &message::sanitized(md), true) {
                 return;
             }
             if shared
-                .send_body(stream, &window, data, false, true)
+                .send_message(stream, &window, data, false, true)
                 .await
                 .is_ok()
             {
