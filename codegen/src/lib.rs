@@ -64,7 +64,11 @@
 //! payload fields, declare `bytes` and ask prost for
 //! [`bytes::Bytes`](https://docs.rs/bytes) instead of
 //! `Vec<u8>`: the decoded field is then a slice of the received buffer, not
-//! a copy of it.
+//! a copy of it. On the direct path, a unary request's or reply's `bytes`
+//! field of 16 KiB or more at the message's top level is sent without a
+//! copy of its own, whichever type it has: the generated code takes it out
+//! of the message and hands it to the transport after the other fields
+//! (`rpc_core::direct::take_large`).
 //!
 //! ```no_run
 //! // build.rs: fn main() {

@@ -171,16 +171,16 @@ struct Opened {
 
 impl Call {
     /// A unary call to `path` (`/package.Service/Method`).
-    pub async fn unary<Req, Resp>(
+    pub fn unary<Req, Resp>(
         self,
         path: &'static str,
         request: tonic::Request<Req>,
-    ) -> Result<tonic::Response<Resp>, Status>
+    ) -> impl std::future::Future<Output = Result<tonic::Response<Resp>, Status>>
     where
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
-        self.unary_large(path, request, |_| None).await
+        self.unary_large(path, request, |_| None)
     }
 
     /// [`unary`](Self::unary) for a request with `bytes` fields: `take`

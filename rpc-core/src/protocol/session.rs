@@ -847,8 +847,8 @@ impl Shared {
         followed: bool,
     ) -> Result<(), Status> {
         let msg = Encoded {
-            head: data,
-            tail: Bytes::new(),
+            head: Bytes::new(),
+            tail: data,
         };
         self.send_message(id, window, msg, end_stream, followed)
             .await
@@ -930,6 +930,11 @@ impl Shared {
                     followed,
                 )
                 .await?;
+            } else if chunk.is_empty() && first.len() >= GATHER_MIN_BYTES {
+                // A large head alone (a message without a large field
+                // taken out): the same gather, the head as the payload.
+                self.send_data_parts(frame::encode_data_head(id, last), first, n, last, followed)
+                    .await?;
             } else {
                 let f = frame::encode_data_joined(id, &first, &chunk, last);
                 self.send_data(f, n, last, followed).await?;
