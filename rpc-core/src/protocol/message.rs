@@ -126,7 +126,7 @@ impl<T: LargeField> LargeField for Option<T> {
 }
 
 /// Takes a large `bytes` field (field number `tag`) out of a message, for
-/// [`encode_split`]; what rpc-codegen's generated code calls.
+/// the direct path's encoder; what rpc-codegen's generated code calls.
 pub fn take_large(field: &mut impl LargeField, tag: u32) -> Option<(u32, Bytes)> {
     field.take_large().map(|b| (tag, b))
 }
