@@ -12,7 +12,7 @@
 
 use super::{Channel, Inner, MsgChannel, Slot, Svc};
 use crate::protocol::body::RecvBody;
-use crate::protocol::message::{self, End};
+use crate::protocol::message::{self, Encoded, End};
 use crate::protocol::session::{CallGuard, Inbound, InboundRx, Shared};
 use crate::protocol::{frame, timeout};
 use crate::transport::http2::deadline_status;
@@ -197,26 +197,10 @@ impl Call {
         Resp: prost::Message + Default,
     {
         let limit = self.max_decoding_message_size;
-        let (deadline, opening) = self.open(path, request, take)?;
-        let work = async {
-            let Opened {
-                shared,
-                stream,
-                mut rx,
-                mut guard,
-                ..
-            } = opening.await?;
-            let headers = first(&mut rx, &shared, stream, &mut guard).await?;
-            let body = RecvBody::new(rx, shared.clone(), stream, None, None);
-            let r = read_unary(headers, body, &shared, limit).await;
-            // Whatever ended it (its trailers, a reset, a protocol error
-            // that reset it already), the call is over on this side.
-            guard.done = true;
-            r
-        };
-        match deadline {
-            None => work.await,
-            Some((at, t)) => tokio::time::timeout_at(at, work)
+        let call = self.prepare(path, request, take)?;
+        match call.deadline {
+            None => unary_call(call, limit).await,
+            Some((at, t)) => tokio::time::timeout_at(at, unary_call(call, limit))
                 .await
                 .unwrap_or_else(|_| Err(deadline_status(t))),
         }
@@ -236,9 +220,10 @@ impl Call {
     {
         let limit = self.max_decoding_message_size;
         let keepalive: Arc<dyn std::any::Any + Send + Sync> = self.chan.clone();
-        let (deadline, opening) = self.open(path, request, |_| None)?;
+        let prepared = self.prepare(path, request, |_| None)?;
+        let deadline = prepared.deadline;
         let work = async {
-            let mut call = opening.await?;
+            let mut call = open_call(prepared).await?;
             if let Some((at, t)) = call.deadline {
                 // The deadline covers the reply stream too, after this
                 // function returned: a timer resets the call then.
@@ -300,22 +285,13 @@ impl Call {
         }
     }
 
-    /// Encodes the request and returns the call's deadline and the future
-    /// that opens it: a call slot, OPEN and the request's DATA(END_STREAM)
-    /// (one BATCH message, §1.7).
-    #[allow(clippy::type_complexity)]
-    fn open<Req: prost::Message>(
+    /// Encodes the request: the call, ready to open ([`open_call`]).
+    fn prepare<Req: prost::Message>(
         self,
         path: &'static str,
         request: tonic::Request<Req>,
         take: impl FnOnce(&mut Req) -> Option<(u32, bytes::Bytes)>,
-    ) -> Result<
-        (
-            Option<(Instant, Duration)>,
-            impl std::future::Future<Output = Result<Opened, Status>>,
-        ),
-        Status,
-    > {
+    ) -> Result<Prepared, Status> {
         CALLED.fetch_add(1, Ordering::Relaxed);
         let (md, _ext, msg) = request.into_parts();
         let mut md = message::sanitized(md);
@@ -331,58 +307,114 @@ impl Call {
         // body's error, with the encoder's status in its text.
         let data = message::encode_split(msg, self.max_encoding_message_size, take)
             .map_err(|e| Status::internal(format!("request body failed: {e}")))?;
-        let deadline = call_timeout.map(|t| (Instant::now() + t, t));
-        let chan = self.chan;
-        let reserved = self.slot.filter(|(s, _)| !s.is_unusable());
-        let opening = async move {
-            let (shared, permit) = chan.slot(reserved).await?;
-            let limit = shared.peer.max_metadata_bytes as usize;
-            let ua = [("user-agent", chan.user_agent.as_bytes())];
-            let extra: &[(&str, &[u8])] = if md.contains_key(http::header::USER_AGENT) {
-                &[]
-            } else {
-                &ua
-            };
-            let remaining = deadline.map(|(at, _)| at.saturating_duration_since(Instant::now()));
-            let mut encoded = Err(None);
-            // The request's DATA(END_STREAM) follows the OPEN at once.
-            let (stream, rx, window) = shared.open_stream(
-                |id| {
-                    encoded =
-                        frame::encode_open_with(id, path, remaining, &md, extra, false, limit)
-                            .map_err(Some);
-                    encoded.clone().unwrap_or_default()
-                },
-                true,
-            )?;
-            let guard = CallGuard {
-                shared: shared.clone(),
-                stream,
-                done: false,
-                _permit: Some(permit),
-                timer: None,
-            };
-            if let Err(Some(e)) = encoded {
-                // Nothing was sent: the call ends here, with the reason.
-                drop(guard);
-                return Err(Status::resource_exhausted(format!(
-                    "request metadata not sent: {e} (the server's max_metadata_bytes)"
-                )));
-            }
-            // If the call ended early (the server answered, or reset it),
-            // the answer is in `rx`: read it rather than report the send.
-            let _ = shared
-                .send_message(stream, &window, data, true, false)
-                .await;
-            Ok(Opened {
-                shared,
-                stream,
-                rx,
-                guard,
-                deadline,
-            })
+        Ok(Prepared {
+            chan: self.chan,
+            reserved: self.slot.filter(|(s, _)| !s.is_unusable()),
+            path,
+            md,
+            data,
+            deadline: call_timeout.map(|t| (Instant::now() + t, t)),
+        })
+    }
+}
+
+/// A call whose request is encoded ([`Call::prepare`]), to open.
+struct Prepared {
+    chan: Arc<MsgChannel>,
+    /// A call slot reserved before, still usable.
+    reserved: Option<Slot>,
+    path: &'static str,
+    md: http::HeaderMap,
+    data: Encoded,
+    deadline: Option<(Instant, Duration)>,
+}
+
+// The call's futures are plain functions returning `async` blocks, not
+// `async fn`s: an `async fn` keeps its arguments twice in its state (the
+// arguments, and the locals they move into), and every move of a future
+// copies all of its state.
+
+/// A unary call: open, then its response.
+fn unary_call<Resp: prost::Message + Default>(
+    call: Prepared,
+    limit: Option<usize>,
+) -> impl std::future::Future<Output = Result<tonic::Response<Resp>, Status>> {
+    async move {
+        let Opened {
+            shared,
+            stream,
+            mut rx,
+            mut guard,
+            ..
+        } = open_call(call).await?;
+        let headers = first(&mut rx, &shared, stream, &mut guard).await?;
+        let body = RecvBody::new(rx, shared.clone(), stream, None, None);
+        let r = read_unary(headers, body, &shared, limit).await;
+        // Whatever ended it (its trailers, a reset, a protocol error
+        // that reset it already), the call is over on this side.
+        guard.done = true;
+        r
+    }
+}
+
+/// Opens `call`: a call slot, OPEN and the request's DATA(END_STREAM)
+/// (one BATCH message, §1.7).
+fn open_call(call: Prepared) -> impl std::future::Future<Output = Result<Opened, Status>> {
+    async move {
+        let Prepared {
+            chan,
+            reserved,
+            path,
+            md,
+            data,
+            deadline,
+        } = call;
+        let (shared, permit) = chan.slot(reserved).await?;
+        let limit = shared.peer.max_metadata_bytes as usize;
+        let ua = [("user-agent", chan.user_agent.as_bytes())];
+        let extra: &[(&str, &[u8])] = if md.contains_key(http::header::USER_AGENT) {
+            &[]
+        } else {
+            &ua
         };
-        Ok((deadline, opening))
+        let remaining = deadline.map(|(at, _)| at.saturating_duration_since(Instant::now()));
+        let mut encoded = Err(None);
+        // The request's DATA(END_STREAM) follows the OPEN at once.
+        let (stream, rx, window) = shared.open_stream(
+            |id| {
+                encoded = frame::encode_open_with(id, path, remaining, &md, extra, false, limit)
+                    .map_err(Some);
+                encoded.clone().unwrap_or_default()
+            },
+            true,
+        )?;
+        drop(md);
+        let guard = CallGuard {
+            shared: shared.clone(),
+            stream,
+            done: false,
+            _permit: Some(permit),
+            timer: None,
+        };
+        if let Err(Some(e)) = encoded {
+            // Nothing was sent: the call ends here, with the reason.
+            drop(guard);
+            return Err(Status::resource_exhausted(format!(
+                "request metadata not sent: {e} (the server's max_metadata_bytes)"
+            )));
+        }
+        // If the call ended early (the server answered, or reset it),
+        // the answer is in `rx`: read it rather than report the send.
+        let _ = shared
+            .send_message(stream, &window, data, true, false)
+            .await;
+        Ok(Opened {
+            shared,
+            stream,
+            rx,
+            guard,
+            deadline,
+        })
     }
 }
 

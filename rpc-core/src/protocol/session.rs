@@ -313,6 +313,25 @@ async fn handshake<S: FrameSender, R: FrameReceiver>(
 /// ones are copied, which keeps them batchable (§1.7).
 const GATHER_MIN_BYTES: usize = 8 << 10;
 
+/// A DATA frame carrying `first` then `chunk`, as the transport takes it:
+/// the frame's leading part, and a part sent as is (a gather: the transport
+/// copies it once; empty when the frame is one part).
+fn data_frame(id: u32, first: Bytes, chunk: Bytes, last: bool) -> (Bytes, Bytes) {
+    if chunk.len() >= GATHER_MIN_BYTES {
+        // Header (and the head's bytes), then the payload.
+        (frame::encode_data(id, &first, last), chunk)
+    } else if chunk.is_empty() && first.len() >= GATHER_MIN_BYTES {
+        // A large head alone (a message without a large field taken
+        // out): the same gather, the head as the payload.
+        (frame::encode_data_head(id, last), first)
+    } else {
+        (
+            frame::encode_data_joined(id, &first, &chunk, last),
+            Bytes::new(),
+        )
+    }
+}
+
 /// Largest DATA payload per frame: at most `max_data_frame` and what the
 /// connection carries, and, where the transport has a preferred granule
 /// (RDMA: the rendezvous chunk), such that header + payload fill whole
@@ -603,12 +622,15 @@ impl Shared {
     /// frames without waking the writer
     /// ([`send_ctrl_followed`](Self::send_ctrl_followed), a followed
     /// [`send_body`](Self::send_body)) so never sleeps with them unsent.
+    /// The wait's state is boxed, made only when the window is shut: a
+    /// call's future holds a pointer to it, not the state itself, and
+    /// stays small (every move of a future copies all of it).
     async fn reserve_or_wake(&self, window: &SendWindow, want: usize) -> Result<usize, Status> {
         match window.try_reserve(want) {
             Some(r) => r,
             None => {
                 self.outbox.wake_writer();
-                window.reserve(want).await
+                Box::pin(window.reserve(want)).await
             }
         }
     }
@@ -684,8 +706,8 @@ impl Shared {
                 Err(tokio::sync::TryAcquireError::NoPermits) => {
                     // Frames this task queued without waking the writer go first.
                     self.outbox.wake_writer();
-                    self.out_budget
-                        .acquire_many(n32)
+                    // Boxed, as in `reserve_or_wake`: only a wait makes it.
+                    Box::pin(self.out_budget.acquire_many(n32))
                         .await
                         .map_err(|_| Status::unavailable("connection closed"))?
                         .forget();
@@ -838,42 +860,114 @@ impl Shared {
     /// wake the writer ([`send_ctrl_followed`](Self::send_ctrl_followed));
     /// every wait in between wakes it ([`reserve_or_wake`](Self::reserve_or_wake)), and so
     /// does a failure.
-    pub(crate) async fn send_body(
-        &self,
+    pub(crate) fn send_body<'a>(
+        &'a self,
         id: u32,
-        window: &SendWindow,
+        window: &'a SendWindow,
         data: Bytes,
         end_stream: bool,
         followed: bool,
-    ) -> Result<(), Status> {
+    ) -> impl std::future::Future<Output = Result<(), Status>> + Send + 'a {
         let msg = Encoded {
             head: Bytes::new(),
             tail: data,
         };
         self.send_message(id, window, msg, end_stream, followed)
-            .await
     }
 
     /// [`send_body`](Self::send_body) for a body of one message encoded
     /// as its head and an uncopied tail (`message::encode_split`): the
     /// tail goes to the transport as a part of its own, so its bytes are
     /// copied once, by the transport.
-    pub(crate) async fn send_message(
+    ///
+    /// A message that fits one frame, with the windows and the outbox's
+    /// budget open, goes at once ([`try_send_now`](Self::try_send_now));
+    /// the frame loop, with its waits, runs in a box made only when one is
+    /// needed. The future stays small: a call's future holds it, and every
+    /// move of a future copies all of it.
+    pub(crate) fn send_message<'a>(
+        &'a self,
+        id: u32,
+        window: &'a SendWindow,
+        msg: Encoded,
+        end_stream: bool,
+        followed: bool,
+    ) -> impl std::future::Future<Output = Result<(), Status>> + Send + 'a {
+        async move {
+            let r = match self.try_send_now(id, window, msg, end_stream, followed) {
+                Ok(sent) => sent,
+                Err(msg) => {
+                    Box::pin(self.send_body_frames(id, window, msg, end_stream, followed)).await
+                }
+            };
+            if r.is_err() {
+                // Frames this task queued without waking the writer go now.
+                self.outbox.wake_writer();
+            }
+            r
+        }
+    }
+
+    /// Sends `msg` as one DATA frame if nothing has to wait: it fits one
+    /// frame and the call's window, the connection's and the outbox's
+    /// budget all have room for it now. `Err(msg)`: it did not go (credit
+    /// taken is given back), the caller runs the frame loop.
+    fn try_send_now(
         &self,
         id: u32,
         window: &SendWindow,
         msg: Encoded,
         end_stream: bool,
         followed: bool,
-    ) -> Result<(), Status> {
-        let r = self
-            .send_body_frames(id, window, msg, end_stream, followed)
-            .await;
-        if r.is_err() {
-            // Frames this task queued without waking the writer go now.
-            self.outbox.wake_writer();
+    ) -> Result<Result<(), Status>, Encoded> {
+        let n = msg.head.len() + msg.tail.len();
+        if n == 0 || n > self.max_last_data {
+            return Err(msg);
         }
-        r
+        // `n <= max_last_data`, a frame's payload: fits in u32.
+        let n32 = u32::try_from(n).unwrap_or(u32::MAX);
+        match window.try_reserve(n) {
+            Some(Ok(k)) if k == n => {}
+            Some(Ok(k)) => {
+                let _ = window.grant(id, k as u32);
+                return Err(msg);
+            }
+            Some(Err(st)) => return Ok(Err(st)),
+            None => return Err(msg),
+        }
+        match self.conn_window.try_reserve(n) {
+            Some(Ok(k)) if k == n => {}
+            other => {
+                if let Some(Ok(k)) = other {
+                    let _ = self.conn_window.grant(0, k as u32);
+                }
+                let _ = window.grant(id, n32);
+                return match other {
+                    Some(Err(st)) => Ok(Err(st)),
+                    _ => Err(msg),
+                };
+            }
+        }
+        let budget = n.min(OUT_QUEUE_BYTES) as u32;
+        match self.out_budget.try_acquire_many(budget) {
+            Ok(p) => p.forget(),
+            Err(tokio::sync::TryAcquireError::Closed) => {
+                return Ok(Err(Status::unavailable("connection closed")))
+            }
+            Err(tokio::sync::TryAcquireError::NoPermits) => {
+                let _ = self.conn_window.grant(0, n32);
+                let _ = window.grant(id, n32);
+                return Err(msg);
+            }
+        }
+        let (frame, body) = data_frame(id, msg.head, msg.tail, end_stream);
+        Ok(
+            if self.push_parts_then(frame, body, budget, end_stream, !followed) {
+                Ok(())
+            } else {
+                Err(self.closed_status())
+            },
+        )
     }
 
     async fn send_body_frames(
@@ -918,27 +1012,8 @@ impl Shared {
             let last = end_stream && head.is_empty() && data.is_empty();
             // Frames before the body's last are followed by it.
             let followed = followed || (end_stream && !last);
-            if chunk.len() >= GATHER_MIN_BYTES {
-                // Header (and the head's bytes) and payload go to the
-                // transport as two parts: the payload is copied once, by
-                // the transport.
-                self.send_data_parts(
-                    frame::encode_data(id, &first, last),
-                    chunk,
-                    n,
-                    last,
-                    followed,
-                )
-                .await?;
-            } else if chunk.is_empty() && first.len() >= GATHER_MIN_BYTES {
-                // A large head alone (a message without a large field
-                // taken out): the same gather, the head as the payload.
-                self.send_data_parts(frame::encode_data_head(id, last), first, n, last, followed)
-                    .await?;
-            } else {
-                let f = frame::encode_data_joined(id, &first, &chunk, last);
-                self.send_data(f, n, last, followed).await?;
-            }
+            let (frame, body) = data_frame(id, first, chunk, last);
+            self.send_data_parts(frame, body, n, last, followed).await?;
         }
         Ok(())
     }
@@ -1213,6 +1288,22 @@ mod tests {
                 shared.finish_stream(call.stream);
             })
         });
+        let c = SessionConfig::default();
+        let (server, tx, rx) = server_with(accept, c.initial_window, c.connection_window).await;
+        (server, tx, rx, log)
+    }
+
+    /// A server session whose calls run `accept`, and a raw client that
+    /// has done the handshake, announcing `initial_window` for its calls.
+    async fn server_with(
+        accept: AcceptFn,
+        initial_window: u32,
+        connection_window: u32,
+    ) -> (
+        Arc<Shared>,
+        crate::conn::mem::MemSender,
+        crate::conn::mem::MemReceiver,
+    ) {
         let acceptor = Acceptor {
             accept,
             on_misbehaved: None,
@@ -1227,15 +1318,106 @@ mod tests {
                 version: frame::PROTOCOL_VERSION,
                 features: frame::FEATURE_BATCH,
                 max_concurrent_calls: c.max_concurrent_calls,
-                initial_window: c.initial_window,
+                initial_window,
                 max_metadata_bytes: c.max_metadata_bytes,
-                connection_window: c.connection_window,
+                connection_window,
             };
             tx.send(frame::encode_hello(&hello)).await.unwrap();
             rx.recv().await.unwrap().expect("the server's HELLO");
         };
         let (server, ()) = tokio::join!(server, raw);
-        (server.expect("server session"), tx, rx, log)
+        (server.expect("server session"), tx, rx)
+    }
+
+    /// The frames of the next message the raw client receives.
+    async fn next_frames(rx: &mut crate::conn::mem::MemReceiver) -> Vec<Frame<Bytes>> {
+        let lim = DecodeLimits {
+            max_metadata_bytes: 1 << 16,
+        };
+        let msg = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a message within 10 s")
+            .unwrap()
+            .expect("the connection is open");
+        match frame::decode_as(msg, &lim).unwrap() {
+            Frame::Batch(parts) => parts.map(|p| frame::decode_as(p, &lim).unwrap()).collect(),
+            f => vec![f],
+        }
+    }
+
+    /// Each call's reply: one message of 150 bytes, sent with
+    /// `send_message` (its end follows in TRAILERS).
+    fn replies_150() -> AcceptFn {
+        Arc::new(move |shared: Arc<Shared>, call: OpenCall| {
+            CallFuture::new(async move {
+                let msg = Encoded {
+                    head: Bytes::from(vec![7u8; 150]),
+                    tail: Bytes::new(),
+                };
+                shared
+                    .send_message(call.stream, &call.window, msg, true, false)
+                    .await
+                    .unwrap();
+            })
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_over_the_open_window_waits_for_credit_and_loses_none() {
+        // The client's calls get 100 bytes of window: the message does not
+        // go at once; what the first attempt took is given back, so the
+        // first frame carries all 100, and the rest follows the update.
+        let c = SessionConfig::default();
+        let (_server, mut tx, mut rx) = server_with(replies_150(), 100, c.connection_window).await;
+        tx.send(frame::encode_batch(&open_and_request(1)))
+            .await
+            .unwrap();
+        assert_eq!(next_data(&mut rx, 1).await, vec![(100, false)]);
+        tx.send(frame::encode_window_update(1, 50)).await.unwrap();
+        assert_eq!(next_data(&mut rx, 1).await, vec![(50, true)]);
+    }
+
+    /// The DATA frames of call `id` in the raw client's next messages, up
+    /// to the first message that has some.
+    async fn next_data(rx: &mut crate::conn::mem::MemReceiver, id: u32) -> Vec<(usize, bool)> {
+        loop {
+            let got: Vec<(usize, bool)> = next_frames(rx)
+                .await
+                .into_iter()
+                .filter_map(|f| match f {
+                    Frame::Data {
+                        stream,
+                        data,
+                        end_stream,
+                    } if stream == id => Some((data.len(), end_stream)),
+                    _ => None,
+                })
+                .collect();
+            if !got.is_empty() {
+                return got;
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_over_the_connection_window_waits_for_credit_and_loses_none() {
+        // The call's window has room, the connection's only 100 bytes:
+        // both credits the first attempt took go back.
+        let (_server, mut tx, mut rx) = server_with(replies_150(), 1000, 100).await;
+        tx.send(frame::encode_batch(&open_and_request(1)))
+            .await
+            .unwrap();
+        assert_eq!(next_data(&mut rx, 1).await, vec![(100, false)]);
+        tx.send(frame::encode_window_update(0, 50)).await.unwrap();
+        assert_eq!(next_data(&mut rx, 1).await, vec![(50, true)]);
+        // And the call's own window kept the 50 bytes not sent first: a
+        // second update of the connection's lets a second call's 150 go
+        // whole, in one frame.
+        tx.send(frame::encode_window_update(0, 150)).await.unwrap();
+        tx.send(frame::encode_batch(&open_and_request(3)))
+            .await
+            .unwrap();
+        assert_eq!(next_data(&mut rx, 3).await, vec![(150, true)]);
     }
 
     fn open_and_request(id: u32) -> [Bytes; 2] {
