@@ -335,6 +335,7 @@ struct Prepared {
 // copies all of its state.
 
 /// A unary call: open, then its response.
+#[allow(clippy::manual_async_fn)] // see above: not an `async fn` by design
 fn unary_call<Resp: prost::Message + Default>(
     call: Prepared,
     limit: Option<usize>,
@@ -359,6 +360,7 @@ fn unary_call<Resp: prost::Message + Default>(
 
 /// Opens `call`: a call slot, OPEN and the request's DATA(END_STREAM)
 /// (one BATCH message, §1.7).
+#[allow(clippy::manual_async_fn)] // see above: not an `async fn` by design
 fn open_call(call: Prepared) -> impl std::future::Future<Output = Result<Opened, Status>> {
     async move {
         let Prepared {

@@ -884,7 +884,9 @@ impl Shared {
     /// budget open, goes at once ([`try_send_now`](Self::try_send_now));
     /// the frame loop, with its waits, runs in a box made only when one is
     /// needed. The future stays small: a call's future holds it, and every
-    /// move of a future copies all of it.
+    /// move of a future copies all of it. Not an `async fn`, which would
+    /// keep its arguments twice in its state.
+    #[allow(clippy::manual_async_fn)]
     pub(crate) fn send_message<'a>(
         &'a self,
         id: u32,
