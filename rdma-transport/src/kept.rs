@@ -9,9 +9,11 @@
 //! state, and its buffers stay mapped (a fresh buffer of 1 MiB is 256 page
 //! faults, as costly as copying it several times in a virtual machine).
 //!
-//! **Memory.** A pool keeps handles of [`KEEP`] buffers per thread, none
-//! larger than [`KEEP_MAX_BYTES`]: 8 MiB per thread and pool at most beside
-//! what live messages hold, for the thread's life. A kept buffer is reused
+//! **Memory.** A pool keeps handles of at most [`KEEP`] buffers per
+//! thread, none larger than [`KEEP_MAX_BYTES`], [`KEEP_TOTAL_BYTES`] of
+//! them together: 8 MiB per thread and pool at most beside what live
+//! messages hold, for the thread's life (so 8 messages of 1 MiB in flight
+//! reuse their buffers as well as one at a time does). A kept buffer is reused
 //! only for a message of at least half its size, so a message the
 //! application keeps holds at most twice its size (or 64 KiB). A message
 //! whose buffer is still held gets a new one, which takes the place of the
@@ -38,20 +40,26 @@ use bytes::{Bytes, BytesMut};
 use std::cell::RefCell;
 use std::thread::LocalKey;
 
-/// Buffers kept per thread and pool: one message being read (or sent)
-/// while the next one is written.
-pub const KEEP: usize = 2;
+/// Buffers kept per thread and pool: as many as large messages are
+/// usually in flight on a connection (the bench's 8), within
+/// [`KEEP_TOTAL_BYTES`].
+pub const KEEP: usize = 8;
 
 /// Largest buffer kept: larger messages' buffers are freed with them.
 pub const KEEP_MAX_BYTES: usize = 4 << 20;
+
+/// Most bytes a pool keeps on one thread, all its buffers together: the
+/// oldest handles go first.
+pub const KEEP_TOTAL_BYTES: usize = 8 << 20;
 
 /// Smallest size a kept buffer is reused for regardless of the half rule.
 const SMALL: usize = 64 << 10;
 
 /// One thread's handles of large buffers, for one use (see the module
-/// documentation); declared in a `thread_local!`.
+/// documentation); declared in a `thread_local!`. Each handle with the
+/// size of its buffer (a handle's own capacity is what its message left).
 #[derive(Debug, Default)]
-pub struct KeptBuffers(RefCell<Vec<BytesMut>>);
+pub struct KeptBuffers(RefCell<Vec<(usize, BytesMut)>>);
 
 impl KeptBuffers {
     /// An empty pool.
@@ -68,8 +76,8 @@ pub fn take(pool: &'static LocalKey<KeptBuffers>, cap: usize) -> BytesMut {
             let mut p = p.0.try_borrow_mut().ok()?;
             let i = p
                 .iter_mut()
-                .position(|b| b.try_reclaim(cap) && b.capacity() <= (2 * cap).max(SMALL))?;
-            Some(p.remove(i))
+                .position(|(_, b)| b.try_reclaim(cap) && b.capacity() <= (2 * cap).max(SMALL))?;
+            Some(p.remove(i).1)
         })
         .ok()
         .flatten();
@@ -85,10 +93,11 @@ pub fn finish(pool: &'static LocalKey<KeptBuffers>, mut buf: BytesMut) -> Bytes 
         // A thread that is exiting (no pool any more) frees it instead.
         let _ = pool.try_with(|p| {
             if let Ok(mut p) = p.0.try_borrow_mut() {
-                if p.len() == KEEP {
-                    p.remove(0);
+                p.push((size, buf));
+                let mut total: usize = p.iter().map(|(n, _)| n).sum();
+                while p.len() > KEEP || total > KEEP_TOTAL_BYTES {
+                    total -= p.remove(0).0;
                 }
-                p.push(buf);
             }
         });
     }
@@ -137,7 +146,7 @@ mod tests {
             drop(message(5, KEEP_MAX_BYTES + 1));
             POOL.with(|p| {
                 let mut p = p.0.borrow_mut();
-                assert!(p.iter_mut().all(|b| !b.try_reclaim(KEEP_MAX_BYTES + 1)));
+                assert!(p.iter_mut().all(|(_, b)| !b.try_reclaim(KEEP_MAX_BYTES + 1)));
             });
             // At most KEEP handles, however many messages are alive.
             let many: Vec<Bytes> = (0..3 * KEEP).map(|i| message(i as u8, 1000)).collect();
@@ -145,6 +154,16 @@ mod tests {
                 assert!(m.iter().all(|&x| x == i as u8));
             }
             POOL.with(|p| assert!(p.0.borrow().len() <= KEEP));
+            // And at most KEEP_TOTAL_BYTES of them: 3 MiB messages, two
+            // kept at a time.
+            let big: Vec<Bytes> = (0..4).map(|i| message(i, 3 << 20)).collect();
+            POOL.with(|p| {
+                let p = p.0.borrow();
+                let total: usize = p.iter().map(|(n, _)| n).sum();
+                assert!(total <= KEEP_TOTAL_BYTES, "{total}");
+                assert_eq!(p.iter().filter(|(n, _)| *n >= 3 << 20).count(), 2);
+            });
+            drop(big);
         })
         .join()
         .expect("test thread");

@@ -10,8 +10,9 @@
 //! one 1 MiB message at a time then allocates nothing here in steady
 //! state, where it allocated the message's size per message. Memory: at
 //! most [`crate::kept::KEEP`] buffers of at most
-//! [`crate::kept::KEEP_MAX_BYTES`] per thread beside live messages; a
-//! message the application keeps holds at most twice its size.
+//! [`crate::kept::KEEP_MAX_BYTES`], [`crate::kept::KEEP_TOTAL_BYTES`]
+//! together, per thread beside live messages; a message the application
+//! keeps holds at most twice its size.
 
 use crate::kept::{self, KeptBuffers};
 use bytes::{Bytes, BytesMut};
