@@ -146,7 +146,9 @@ mod tests {
             drop(message(5, KEEP_MAX_BYTES + 1));
             POOL.with(|p| {
                 let mut p = p.0.borrow_mut();
-                assert!(p.iter_mut().all(|(_, b)| !b.try_reclaim(KEEP_MAX_BYTES + 1)));
+                assert!(p
+                    .iter_mut()
+                    .all(|(_, b)| !b.try_reclaim(KEEP_MAX_BYTES + 1)));
             });
             // At most KEEP handles, however many messages are alive.
             let many: Vec<Bytes> = (0..3 * KEEP).map(|i| message(i as u8, 1000)).collect();
