@@ -246,6 +246,7 @@ over_memory_and_rdma!(
     oversized_metadata_closes_the_connection,
     a_peer_that_never_returns_credit_gets_no_more_than_its_window,
     client_disconnect_cancels_its_handlers,
+    the_server_ends_a_call_past_its_deadline_itself,
 );
 
 fn grpc_message(req: &EchoRequest) -> Bytes {
@@ -654,5 +655,66 @@ async fn a_misbehaving_server_fails_the_calls_with_the_violation_as_source() {
         goaway_code(&frames),
         Some(Code::Internal as u32),
         "{frames:?}"
+    );
+}
+
+/// A client that keeps no timer of its own (a raw peer) still gets
+/// DEADLINE_EXCEEDED when its call's deadline passes: the server ends the
+/// call itself, with its TRAILERS, and cancels the handler.
+async fn the_server_ends_a_call_past_its_deadline_itself(over: Over) {
+    let stats = Arc::new(rpc_examples::echo::EchoStats::default());
+    let Some(h) = setup_with_stats(over, None, stats.clone()).await else {
+        return;
+    };
+    let mut p = h.raw_peer().await;
+    let mut md = http::HeaderMap::new();
+    md.insert("content-type", "application/grpc".parse().unwrap());
+    let deadline = Duration::from_millis(200);
+    let path = "/echo.Echo/UnaryEcho";
+    p.send(frame::encode_open(1, path, Some(deadline), &md, false, usize::MAX).unwrap())
+        .await;
+    let req = EchoRequest {
+        delay_ms: 30_000,
+        ..Default::default()
+    };
+    p.send(frame::encode_data(1, &grpc_message(&req), true))
+        .await;
+    // Long before the handler's 30 s.
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    let status = 'found: loop {
+        let b = match tokio::time::timeout_at(end, p.link.recv()).await {
+            Ok(Ok(Some(b))) => b,
+            other => panic!("no end of the call within 10 s: {other:?}"),
+        };
+        let frames = match frame::decode(b, &LIM).expect("server frames are well-formed") {
+            Frame::Batch(parts) => parts
+                .map(|f| frame::decode(f, &LIM).expect("well-formed"))
+                .collect(),
+            f => vec![f],
+        };
+        for f in frames {
+            match f {
+                Frame::Trailers {
+                    stream: 1,
+                    metadata,
+                } => break 'found tonic::Status::from_header_map(&metadata),
+                Frame::Reset {
+                    stream: 1,
+                    code,
+                    message,
+                } => panic!("call 1 reset ({code}: {message}), not ended with trailers"),
+                _ => {}
+            }
+        }
+    };
+    let status = status.expect("the trailers carry a status");
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        rpc_tests::eventually(Duration::from_secs(5), || stats
+            .cancelled
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 1)
+        .await,
+        "the handler was cancelled"
     );
 }

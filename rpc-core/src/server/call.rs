@@ -257,16 +257,21 @@ impl<W: std::future::Future<Output = ()>> std::future::Future for WithinDeadline
         };
         // The handler and what it holds go first, as when the work ends.
         self.set(WithinDeadline::Done);
-        send_status(
-            shared,
-            stream,
-            Status::new(
-                Code::DeadlineExceeded,
-                format!("deadline exceeded: the server did not finish the call within {t:?}"),
-            ),
-        );
+        deadline_exceeded(shared, stream, t);
         Poll::Ready(())
     }
+}
+
+/// Ends a call whose deadline `t` passed before the server finished it.
+pub(super) fn deadline_exceeded(shared: &Shared, stream: u32, t: Duration) {
+    send_status(
+        shared,
+        stream,
+        Status::new(
+            Code::DeadlineExceeded,
+            format!("deadline exceeded: the server did not finish the call within {t:?}"),
+        ),
+    );
 }
 
 /// What tonic's HTTP/2 server puts in a request's extensions, for a call on a

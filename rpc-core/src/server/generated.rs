@@ -19,7 +19,7 @@
 //! the same either way.
 
 use super::call::{
-    insert_conn_info, request_headers, send_metadata, send_status, within_deadline, EndCall,
+    deadline_exceeded, insert_conn_info, request_headers, send_metadata, send_status, EndCall,
 };
 use crate::protocol::body::RecvBody;
 use crate::protocol::frame;
@@ -263,32 +263,48 @@ impl ServerCall {
                 stream,
             };
             request_headers(&mut metadata, call_timeout);
-            let work = async {
-                let mut body = RecvBody::new(inbound, shared.clone(), stream, None, None);
-                let mut reader = message::Reader::new(limits.max_decoding_message_size);
-                let msg: Req = match reader.next(&mut body).await {
-                    Ok(Ok(m)) => m,
-                    Ok(Err(End::Eof | End::Trailers(_) | End::TrailersOk)) => {
-                        return send_status(
-                            &shared,
-                            stream,
-                            Status::internal("Missing request message."),
-                        )
-                    }
-                    Err(st) => return send_status(&shared, stream, st),
-                };
-                drop(reader);
-                let mut ext = http::Extensions::new();
-                insert_conn_info(&mut ext, &shared.info);
-                let req = tonic::Request::from_parts(
-                    tonic::metadata::MetadataMap::from_headers(metadata),
-                    ext,
-                    msg,
-                );
-                respond(shared.clone(), stream, window, req).await;
-                drop(body);
+            // The deadline bounds reading the request and the response,
+            // each awaited in place: a future wrapped around the whole
+            // call would be moved (copied) whole on the way in.
+            let deadline = call_timeout.map(|t| (tokio::time::Instant::now() + t, t));
+            let mut body = RecvBody::new(inbound, shared.clone(), stream, None, None);
+            let mut reader = message::Reader::new(limits.max_decoding_message_size);
+            let read = match deadline {
+                None => reader.next(&mut body).await,
+                Some((at, t)) => match tokio::time::timeout_at(at, reader.next(&mut body)).await {
+                    Ok(r) => r,
+                    Err(_) => return deadline_exceeded(&shared, stream, t),
+                },
             };
-            within_deadline(&shared, stream, call_timeout, work).await;
+            let msg: Req = match read {
+                Ok(Ok(m)) => m,
+                Ok(Err(End::Eof | End::Trailers(_) | End::TrailersOk)) => {
+                    return send_status(
+                        &shared,
+                        stream,
+                        Status::internal("Missing request message."),
+                    )
+                }
+                Err(st) => return send_status(&shared, stream, st),
+            };
+            drop(reader);
+            let mut ext = http::Extensions::new();
+            insert_conn_info(&mut ext, &shared.info);
+            let req = tonic::Request::from_parts(
+                tonic::metadata::MetadataMap::from_headers(metadata),
+                ext,
+                msg,
+            );
+            let work = respond(shared.clone(), stream, window, req);
+            match deadline {
+                None => work.await,
+                Some((at, t)) => {
+                    if tokio::time::timeout_at(at, work).await.is_err() {
+                        deadline_exceeded(&shared, stream, t);
+                    }
+                }
+            }
+            drop(body);
         };
         DirectFuture(match span {
             None => CallFuture::new(fut),
