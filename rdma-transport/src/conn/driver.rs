@@ -301,8 +301,11 @@ impl Driver {
             events.push(e);
         }
         let now = core.engine.counters;
-        self.stats.add_delta(&now, &self.last);
-        self.last = now;
+        // Most steps of a spin change nothing: no atomic updates then.
+        if now != self.last {
+            self.stats.add_delta(&now, &self.last);
+            self.last = now;
+        }
         let confirmed = core.engine.close_confirmed();
         // Back-pressure released: wake the senders waiting for room.
         let room = core.engine.pending_msgs() < self.shared.send_limit;

@@ -309,7 +309,7 @@ impl EngineConfig {
 }
 
 /// Counters the engine maintains; the driver copies them into stats.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct EngineCounters {
     /// Messages submitted and fully handed to the NIC.
     pub msgs_sent: u64,
