@@ -1048,8 +1048,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_message_over_the_open_window_waits_for_credit_and_loses_none() {
         // The client's calls get 100 bytes of window: the message does not
-        // go at once; what the first attempt took is given back, so the
-        // first frame carries all 100, and the rest follows the update.
+        // go at once, and the first attempt takes none of the window, so
+        // the first frame carries all 100, and the rest follows the update.
         let c = SessionConfig::default();
         let (_server, mut tx, mut rx) = server_with(replies_150(), 100, c.connection_window).await;
         tx.send(frame::encode_batch(&open_and_request(1)))
@@ -1085,7 +1085,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_message_over_the_connection_window_waits_for_credit_and_loses_none() {
         // The call's window has room, the connection's only 100 bytes:
-        // both credits the first attempt took go back.
+        // the first attempt gives the call's credit back and takes none of
+        // the connection's.
         let (_server, mut tx, mut rx) = server_with(replies_150(), 1000, 100).await;
         tx.send(frame::encode_batch(&open_and_request(1)))
             .await

@@ -73,6 +73,20 @@ impl SendWindow {
         }
     }
 
+    /// Takes exactly `n` bytes if the window holds them now; `None` (and
+    /// nothing taken) when it holds fewer.
+    pub(crate) fn try_reserve_exact(&self, n: usize) -> Option<Result<(), Status>> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(st) = s.closed.status() {
+            return Some(Err(st));
+        }
+        if usize::try_from(s.credit.available()).unwrap_or(0) < n {
+            return None;
+        }
+        s.credit.take(n);
+        Some(Ok(()))
+    }
+
     /// Waits until some window is open and takes up to `want` bytes of it.
     /// Fails once the call is closed.
     pub(crate) async fn reserve(&self, want: usize) -> Result<usize, Status> {
@@ -163,6 +177,18 @@ mod tests {
         assert!(!t.is_finished());
         w.grant(1, 3).unwrap();
         assert_eq!(t.await.unwrap().unwrap(), 3);
+    }
+
+    #[test]
+    fn an_exact_reserve_takes_all_or_nothing() {
+        let w = SendWindow::new(10);
+        assert!(w.try_reserve_exact(11).is_none());
+        assert!(matches!(w.try_reserve_exact(10), Some(Ok(()))));
+        assert!(w.try_reserve_exact(1).is_none());
+        w.grant(1, 5).unwrap();
+        assert!(matches!(w.try_reserve_exact(5), Some(Ok(()))));
+        w.close(Status::cancelled("gone"));
+        assert!(matches!(w.try_reserve_exact(0), Some(Err(_))));
     }
 
     #[tokio::test]

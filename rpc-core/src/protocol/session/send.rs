@@ -144,24 +144,47 @@ impl Shared {
         followed: bool,
     ) -> Result<(), Status> {
         let n32 = n.min(OUT_QUEUE_BYTES) as u32;
-        if n32 > 0 {
-            match self.out_budget.try_acquire_many(n32) {
-                Ok(p) => p.forget(),
-                Err(tokio::sync::TryAcquireError::Closed) => {
-                    return Err(Status::unavailable("connection closed"))
-                }
-                Err(tokio::sync::TryAcquireError::NoPermits) => {
-                    // Frames this task queued without waking the writer go first.
-                    self.outbox.wake_writer();
-                    // Boxed, as in `reserve_or_wake`: only a wait makes it.
-                    Box::pin(self.out_budget.acquire_many(n32))
-                        .await
-                        .map_err(|_| Status::unavailable("connection closed"))?
-                        .forget();
-                }
-            }
+        if !self.try_budget(n32)? {
+            // Frames this task queued without waking the writer go first.
+            self.outbox.wake_writer();
+            // Boxed, as in `reserve_or_wake`: only a wait makes it.
+            Box::pin(self.out_budget.acquire_many(n32))
+                .await
+                .map_err(|_| Status::unavailable("connection closed"))?
+                .forget();
         }
-        if self.push_parts_then(frame, body, n32, last, !followed) {
+        self.push_data(frame, body, n32, last, followed)
+    }
+
+    /// Takes `n` bytes of the outbox's budget if it has them now:
+    /// `Ok(false)` (nothing taken) when taking them would wait.
+    fn try_budget(&self, n: u32) -> Result<bool, Status> {
+        if n == 0 {
+            return Ok(true);
+        }
+        match self.out_budget.try_acquire_many(n) {
+            Ok(p) => {
+                p.forget();
+                Ok(true)
+            }
+            Err(tokio::sync::TryAcquireError::Closed) => {
+                Err(Status::unavailable("connection closed"))
+            }
+            Err(tokio::sync::TryAcquireError::NoPermits) => Ok(false),
+        }
+    }
+
+    /// Queues a DATA frame whose `budget` was taken; `last` and `followed`
+    /// as for [`send_data`](Self::send_data).
+    fn push_data(
+        &self,
+        frame: Bytes,
+        body: Bytes,
+        budget: u32,
+        last: bool,
+        followed: bool,
+    ) -> Result<(), Status> {
+        if self.push_parts_then(frame, body, budget, last, !followed) {
             Ok(())
         } else {
             Err(self.closed_status())
@@ -226,8 +249,9 @@ impl Shared {
 
     /// Sends `msg` as one DATA frame if nothing has to wait: it fits one
     /// frame and the call's window, the connection's and the outbox's
-    /// budget all have room for it now. `Err(msg)`: it did not go (credit
-    /// taken is given back), the caller runs the frame loop.
+    /// budget all have room for all of it now (each taken whole or not at
+    /// all). `Err(msg)`: it did not go (what was taken is given back), the
+    /// caller runs the frame loop.
     fn try_send_now(
         &self,
         id: u32,
@@ -242,48 +266,31 @@ impl Shared {
         }
         // `n <= max_last_data`, a frame's payload: fits in u32.
         let n32 = u32::try_from(n).unwrap_or(u32::MAX);
-        match window.try_reserve(n) {
-            Some(Ok(k)) if k == n => {}
-            Some(Ok(k)) => {
-                let _ = window.grant(id, k as u32);
-                return Err(msg);
-            }
+        match window.try_reserve_exact(n) {
+            Some(Ok(())) => {}
             Some(Err(st)) => return Ok(Err(st)),
             None => return Err(msg),
         }
-        match self.conn_window.try_reserve(n) {
-            Some(Ok(k)) if k == n => {}
-            other => {
-                if let Some(Ok(k)) = other {
-                    let _ = self.conn_window.grant(0, k as u32);
-                }
+        match self.conn_window.try_reserve_exact(n) {
+            Some(Ok(())) => {}
+            Some(Err(st)) => return Ok(Err(st)),
+            None => {
                 let _ = window.grant(id, n32);
-                return match other {
-                    Some(Err(st)) => Ok(Err(st)),
-                    _ => Err(msg),
-                };
+                return Err(msg);
             }
         }
         let budget = n.min(OUT_QUEUE_BYTES) as u32;
-        match self.out_budget.try_acquire_many(budget) {
-            Ok(p) => p.forget(),
-            Err(tokio::sync::TryAcquireError::Closed) => {
-                return Ok(Err(Status::unavailable("connection closed")))
-            }
-            Err(tokio::sync::TryAcquireError::NoPermits) => {
+        match self.try_budget(budget) {
+            Ok(true) => {}
+            Ok(false) => {
                 let _ = self.conn_window.grant(0, n32);
                 let _ = window.grant(id, n32);
                 return Err(msg);
             }
+            Err(st) => return Ok(Err(st)),
         }
         let (frame, body) = data_frame(id, msg.head, msg.tail, end_stream);
-        Ok(
-            if self.push_parts_then(frame, body, budget, end_stream, !followed) {
-                Ok(())
-            } else {
-                Err(self.closed_status())
-            },
-        )
+        Ok(self.push_data(frame, body, budget, end_stream, followed))
     }
 
     async fn send_body_frames(
