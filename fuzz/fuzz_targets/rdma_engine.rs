@@ -14,13 +14,16 @@
 //! so: then WRITEs must stay inside the region the peer *granted* (whatever
 //! the forged RDV_GRANT said, as long as the engine accepted it), nothing is
 //! read from a region or staging buffer that is not registered, and idle
-//! ticks come at any moment.
+//! ticks come at any moment. Zero-copy send (§5.1) is on when the input
+//! says so: a WRITE reads a source only inside its registration and only
+//! before the engine released it, and every release names a source held.
 #![no_main]
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use rdma_transport::engine::wire::{Hello, HELLO_FLAG_ON_DEMAND, VERSION};
 use rdma_transport::engine::{
     sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, Imm, ResourceError,
+    WriteSource,
 };
 use std::collections::VecDeque;
 
@@ -41,6 +44,8 @@ struct Mem {
     send_active: u32,
     rdv_open: bool,
     staging_open: bool,
+    /// Zero-copy sources (§5.1): the registered length, `None` once released.
+    sources: Vec<Option<usize>>,
 }
 
 impl Buffers for Mem {
@@ -96,6 +101,15 @@ impl Buffers for Mem {
         assert!(n > self.recv_active && n <= SLOTS, "receive ring grows to {n}");
         self.recv_active = n;
         Ok(())
+    }
+    fn register_source(&mut self, body: &Bytes) -> Option<u32> {
+        assert!(!body.is_empty(), "an empty source");
+        self.sources.push(Some(body.len()));
+        Some(self.sources.len() as u32 - 1)
+    }
+    fn release_source(&mut self, id: u32) {
+        let s = self.sources.get_mut(id as usize).expect("a source never registered");
+        assert!(s.take().is_some(), "source {id} released twice");
     }
 }
 
@@ -156,13 +170,28 @@ fn drain(
                 remote_addr,
                 rkey,
                 wr_id,
+                source,
                 ..
             } => {
                 assert!(
                     staging < RDV_COUNT && len <= RDV_BYTES,
                     "staging {staging} len {len}"
                 );
-                assert!(len == 0 || mem.staging_open, "WRITE from unregistered staging");
+                let staged = match source {
+                    None => len,
+                    Some(WriteSource { id, off, head }) => {
+                        let held = mem.sources.get(id as usize).copied().flatten();
+                        let Some(n) = held else {
+                            panic!("WRITE from source {id}, released or never registered");
+                        };
+                        assert!(
+                            head < len && off + (len - head) <= n,
+                            "WRITE of {len} bytes (head {head}) at {off} of a {n}-byte source"
+                        );
+                        head
+                    }
+                };
+                assert!(staged == 0 || mem.staging_open, "WRITE from unregistered staging");
                 let Some((base, key)) = region else {
                     // A keepalive (§4.4): zero bytes, address and rkey 0.
                     assert!(
@@ -209,6 +238,8 @@ fuzz_target!(|data: &[u8]| {
     let peer_on_demand = first & 4 != 0;
     // §5.4: covering notifications, where immediates are on.
     let covers = write_imm && first & 8 != 0;
+    // §5.1: zero-copy send of bodies from 1 KiB on.
+    let zero_copy = first & 16 != 0;
     let mut peer = Hello {
         version: VERSION,
         flags: 0,
@@ -246,7 +277,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(d) = &decoded {
             assert_eq!(d, &peer, "decode(encode(h)) == h");
         } else {
-            let r = Engine::new(engine_config(peer, write_imm, covers, on_demand));
+            let r = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy));
             assert!(
                 r.is_err(),
                 "Engine::new accepted a hello decode refuses: {peer:?}"
@@ -254,7 +285,7 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     }
-    let Ok(mut e) = Engine::new(engine_config(peer, write_imm, covers, on_demand)) else {
+    let Ok(mut e) = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy)) else {
         panic!("Engine::new refused a hello decode accepts: {peer:?}");
     };
     let mut mem = Mem {
@@ -266,6 +297,7 @@ fuzz_target!(|data: &[u8]| {
         send_active: if on_demand { INITIAL } else { SLOTS },
         rdv_open: !on_demand,
         staging_open: false,
+        sources: Vec::new(),
     };
     let mut posted = VecDeque::new();
     let mut sq = VecDeque::new();
@@ -285,7 +317,13 @@ fuzz_target!(|data: &[u8]| {
 /// Ring size at the start with memory on demand.
 const INITIAL: u32 = 4;
 
-fn engine_config(peer: Hello, write_imm: bool, covers: bool, on_demand: bool) -> EngineConfig {
+fn engine_config(
+    peer: Hello,
+    write_imm: bool,
+    covers: bool,
+    on_demand: bool,
+    zero_copy: bool,
+) -> EngineConfig {
     let initial = if on_demand { INITIAL } else { SLOTS };
     EngineConfig {
         recv_slots: SLOTS,
@@ -301,6 +339,7 @@ fn engine_config(peer: Hello, write_imm: bool, covers: bool, on_demand: bool) ->
         rdv_addr: 0x1000_0000,
         staging_count: RDV_COUNT,
         staging_bytes: RDV_BYTES,
+        zero_copy_min: if zero_copy { 1024 } else { 0 },
         max_message: MAX_MESSAGE,
         signal_every: 4,
         max_inline: 64,

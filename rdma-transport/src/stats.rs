@@ -43,6 +43,10 @@ stats! {
     rendezvous_writes,
     /// Bytes moved by rendezvous RDMA WRITEs.
     rendezvous_bytes,
+    /// Of those, bytes written from the message itself, registered for the
+    /// time (zero-copy send, wire-protocol-rdma §5.1), not from a staging
+    /// buffer.
+    rendezvous_zero_copy_bytes,
     /// Explicit credit-return messages sent.
     credit_msgs,
     /// Completion-channel events consumed.
@@ -133,6 +137,11 @@ impl ConnStats {
                 &self.rendezvous_bytes,
                 &GLOBAL.rendezvous_bytes,
                 now.rdv_bytes - last.rdv_bytes,
+            ),
+            (
+                &self.rendezvous_zero_copy_bytes,
+                &GLOBAL.rendezvous_zero_copy_bytes,
+                now.zero_copy_bytes - last.zero_copy_bytes,
             ),
             (
                 &self.credit_msgs,

@@ -236,6 +236,7 @@ impl RawPeer {
                 wr_id,
                 signaled: true,
                 imm,
+                source: None,
             },
             wr_id,
         )

@@ -1006,6 +1006,80 @@ async fn smallest_rings_carry_large_messages() {
     }
 }
 
+/// Zero-copy send (wire §5.1): a payload of at least
+/// `zero_copy_send_bytes` is registered and RDMA-WRITTEN from where it is
+/// (only a gather's head goes through a staging buffer), the sender's own
+/// handle dropped at once; a smaller one is copied; and where registering
+/// it would pass `global_max_registered_bytes` it is copied too. Every
+/// message arrives intact, and the counters say which way each went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn large_payloads_are_written_from_where_they_are() {
+    let Some(ip) = device_ip("large_payloads_are_written_from_where_they_are") else {
+        return;
+    };
+    let cfg = Config::default();
+    let min = cfg.zero_copy_send_bytes;
+    assert!(min > 0, "on by default");
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let (c, s) = pair(ip, &cfg).await;
+        let cst = c.stats();
+        let (mut tx, _crx) = c.split();
+        let (_stx, mut rx) = s.split();
+        let regs = global_stats().memory_registrations;
+        // (head, body): copied, written from where it is, and a gather
+        // whose 6-byte head alone is staged.
+        let msgs = [(0, min - 1), (0, min), (0, 3 * min + 5), (6, 8 << 20)];
+        for (i, &(h, n)) in msgs.iter().enumerate() {
+            let m = pattern(i as u64, h + n);
+            let (head, body) = (m.slice(..h), m.slice(h..));
+            drop(m);
+            tx.send_parts(head, body).await.expect("send");
+        }
+        for (i, &(h, n)) in msgs.iter().enumerate() {
+            let m = rx.recv().await.expect("recv").expect("message");
+            assert!(m == pattern(i as u64, h + n), "content of message {i}");
+        }
+        let st = cst.snapshot();
+        let expected: usize = msgs.iter().filter(|m| m.1 >= min).map(|m| m.1).sum();
+        assert_eq!(
+            st.rendezvous_zero_copy_bytes, expected as u64,
+            "the bodies at or above the threshold, nothing else: {st:?}"
+        );
+        let new_regs = global_stats().memory_registrations - regs;
+        assert!(
+            new_regs >= 3,
+            "one registration per zero-copy message: {new_regs}"
+        );
+        println!(
+            "zero-copy: {} of {} rendezvous bytes, {new_regs} registrations",
+            st.rendezvous_zero_copy_bytes, st.rendezvous_bytes
+        );
+
+        // A cap that leaves no room for the payload: copied, intact.
+        let base = registered_bytes();
+        let capped = Config {
+            global_max_registered_bytes: base + (24 << 20),
+            ..Config::default()
+        };
+        let (c, s) = pair(ip, &capped).await;
+        let cst = c.stats();
+        let (mut tx, _crx) = c.split();
+        let (_stx, mut rx) = s.split();
+        tx.send(pattern(99, 32 << 20)).await.expect("send");
+        let m = rx.recv().await.expect("recv").expect("message");
+        assert!(m == pattern(99, 32 << 20), "content under the cap");
+        let st = cst.snapshot();
+        assert_eq!(
+            st.rendezvous_zero_copy_bytes, 0,
+            "copied under the cap: {st:?}"
+        );
+        assert!(st.rendezvous_bytes >= 32 << 20);
+    })
+    .await
+    .expect("timeout");
+}
+
 /// Wire §4.7: the connections a listener accepts draw their receive buffers
 /// from one shared receive queue (where the device has SRQs and memory
 /// windows: rxe, not siw). Credits stay per connection; the pool posts the

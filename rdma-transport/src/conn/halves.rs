@@ -52,7 +52,11 @@ impl SendHalf {
 
     /// As [`send`](Self::send), for the message `head` followed by `body`
     /// (e.g. a frame header and a payload), without joining them first: the
-    /// bytes are copied once, into registered memory, as they are posted.
+    /// bytes are copied once, into registered memory, as they are posted; a
+    /// `body` of at least `Config::zero_copy_send_bytes` is not copied at all
+    /// but registered and written from where it is (the connection holds a
+    /// reference to it until the NIC is done, `docs/wire-protocol-rdma.md`
+    /// §5.1).
     ///
     /// The calling task posts the message itself (§8): when the connection
     /// has credits and room, the SEND (or the first rendezvous WRITEs) is

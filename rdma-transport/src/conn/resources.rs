@@ -290,6 +290,7 @@ pub(super) fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> Engin
         rdv_addr: res.mem.rdv_addr(),
         staging_count: cfg.rendezvous_buffers,
         staging_bytes: cfg.rendezvous_buffer_bytes,
+        zero_copy_min: cfg.zero_copy_send_bytes,
         max_message: cfg.max_message_bytes,
         signal_every: cfg.signal_every_eff(),
         max_inline,

@@ -109,6 +109,18 @@ pub trait Buffers {
     /// [`EngineConfig::revoke_idle`]; the slot the current message arrived
     /// in may be among them (its header was read already).
     fn shrink_recv(&mut self, _n: u32) {}
+    /// Zero-copy send (§5.1): registers `body`, the payload of a rendezvous
+    /// message, as the source its chunks are RDMA-WRITTEN from, and returns
+    /// the id [`WriteSource::id`] names it by; `None` to copy it into the
+    /// staging buffers instead (registration failed, or the cap on
+    /// registered memory is reached). The implementation keeps `body` (a
+    /// clone) and its registration until [`release_source`](Self::release_source).
+    fn register_source(&mut self, _body: &Bytes) -> Option<u32> {
+        None
+    }
+    /// Every work request reading source `id` has completed: its
+    /// registration and its bytes may go.
+    fn release_source(&mut self, _id: u32) {}
 }
 
 /// Most a rendezvous message reserves before its data arrived (§5.3).
@@ -153,9 +165,11 @@ pub enum Action {
         /// Use IBV_SEND_INLINE.
         inline: bool,
     },
-    /// RDMA WRITE `len` bytes of staging buffer `staging` to (`remote_addr`, `rkey`).
+    /// RDMA WRITE `len` bytes of staging buffer `staging` to (`remote_addr`,
+    /// `rkey`); with a `source`, its first `source.head` bytes from the start
+    /// of staging buffer `staging` and the rest from the registered source.
     PostWrite {
-        /// Staging buffer index.
+        /// Staging buffer index (unused with a source whose `head` is 0).
         staging: u32,
         /// Bytes.
         len: usize,
@@ -170,7 +184,23 @@ pub enum Action {
         /// Post as RDMA WRITE with this immediate data (§5.4): the chunk
         /// notification, consuming one of the peer's receive buffers.
         imm: Option<u32>,
+        /// Zero-copy send (§5.1): the registered message the bytes come from.
+        source: Option<WriteSource>,
     },
+}
+
+/// Where a zero-copy chunk's bytes are (§5.1): `head` bytes from the
+/// staging buffer (the part of the message's head in this chunk, copied
+/// there), then the rest of the chunk from offset `off` of source `id`
+/// ([`Buffers::register_source`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteSource {
+    /// The source, as [`Buffers::register_source`] named it.
+    pub id: u32,
+    /// Offset in the source of the chunk's first byte after `head`.
+    pub off: usize,
+    /// Bytes at the start of the chunk that come from the staging buffer.
+    pub head: usize,
 }
 
 /// Something the engine tells the application side.
@@ -259,6 +289,11 @@ pub struct EngineConfig {
     pub staging_count: u32,
     /// Bytes per staging buffer.
     pub staging_bytes: usize,
+    /// Rendezvous payloads (the message's body, §5.1) of at least this many
+    /// bytes are RDMA-WRITTEN from where they are, registered on the fly
+    /// ([`Buffers::register_source`]), not copied into staging buffers. 0:
+    /// never.
+    pub zero_copy_min: usize,
     /// Largest message we accept.
     pub max_message: usize,
     /// Signal at least every k-th send-queue work request.
@@ -323,6 +358,9 @@ pub struct EngineCounters {
     pub rdv_writes: u64,
     /// Bytes RDMA-written.
     pub rdv_bytes: u64,
+    /// Of those, bytes written from a registered source, not a staging
+    /// buffer (zero-copy send, §5.1).
+    pub zero_copy_bytes: u64,
     /// Explicit credit messages sent.
     pub credit_msgs: u64,
     /// Payload bytes sent.
@@ -363,6 +401,9 @@ pub struct Engine {
     free_send: VecDeque<u32>,
     free_staging: VecDeque<u32>,
     records: VecDeque<(u64, Option<Held>)>,
+    /// Zero-copy sources (§5.1) by the sequence number of the last work
+    /// request reading them: released when a completion covers it.
+    sources: VecDeque<(u64, u32)>,
     next_seq: u64,
     unsignaled_run: u32,
     peer_rdv_next: u32,
@@ -454,6 +495,7 @@ impl Engine {
             free_send: (0..initial_send).collect(),
             free_staging: (0..cfg.staging_count).collect(),
             records: VecDeque::new(),
+            sources: VecDeque::new(),
             next_seq: 0,
             unsignaled_run: 0,
             peer_rdv_next: 0,
@@ -581,7 +623,7 @@ impl Engine {
             }
             self.on_recv(c, bufs)
         } else if kind == WR_SQ {
-            self.on_sq_completion(c)
+            self.on_sq_completion(c, bufs)
         } else {
             Self::proto(PeerMisbehaved::UnknownWrId { wr_id: c.wr_id })
         }

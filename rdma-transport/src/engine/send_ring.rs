@@ -5,7 +5,7 @@
 use bytes::Bytes;
 
 use super::wire::{self, Header, Kind, FLAG_CLOSE_SEEN, FLAG_LAST, HDR_LEN};
-use super::{sq_wr_id, Action, Buffers, Completion, Engine, EngineError, PeerRdv};
+use super::{sq_wr_id, Action, Buffers, Completion, Engine, EngineError, PeerRdv, WriteSource};
 
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Held {
@@ -15,11 +15,14 @@ pub(super) enum Held {
 
 pub(super) enum Outgoing {
     /// `head` then `body`, one message (a gather: neither is copied until
-    /// the bytes go into a send slot or a staging buffer).
+    /// the bytes go into a send slot or a staging buffer, and `body` not at
+    /// all when it is registered as a zero-copy source, §5.1).
     Msg {
         head: Bytes,
         body: Bytes,
         off: usize,
+        /// Zero-copy send: `body`'s registration, decided at the first chunk.
+        source: Option<u32>,
     },
     Close,
 }
@@ -59,7 +62,12 @@ impl Engine {
     /// checked the total length against the peer's `max_message`.
     pub fn submit_parts(&mut self, head: Bytes, body: Bytes) {
         self.pending_bytes += head.len() + body.len();
-        self.pending.push_back(Outgoing::Msg { head, body, off: 0 });
+        self.pending.push_back(Outgoing::Msg {
+            head,
+            body,
+            off: 0,
+            source: None,
+        });
     }
 
     /// Messages queued but not yet fully posted.
@@ -92,10 +100,14 @@ impl Engine {
                 || !self.sq_room(3))
     }
 
-    /// A send-queue completion: frees the send slots and staging buffers
-    /// of every work request it covers (§7).
+    /// A send-queue completion: frees the send slots, staging buffers and
+    /// zero-copy sources of every work request it covers (§7).
     #[inline]
-    pub(super) fn on_sq_completion(&mut self, c: Completion) -> Result<(), EngineError> {
+    pub(super) fn on_sq_completion<B: Buffers + ?Sized>(
+        &mut self,
+        c: Completion,
+        bufs: &mut B,
+    ) -> Result<(), EngineError> {
         if !c.ok {
             return Err(EngineError::Completion {
                 status: c.status,
@@ -115,6 +127,13 @@ impl Engine {
                 Some(Held::Staging(i)) => self.free_staging.push_back(i),
                 None => {}
             }
+        }
+        while let Some(&(s, id)) = self.sources.front() {
+            if s > seq {
+                break;
+            }
+            self.sources.pop_front();
+            bufs.release_source(id);
         }
         Ok(())
     }
@@ -249,7 +268,9 @@ impl Engine {
                     self.post_send_slot(bufs, h, (&[], &[]), true);
                     self.close_sent = true;
                 }
-                Outgoing::Msg { head, body, off } if head.len() + body.len() <= eager_max => {
+                Outgoing::Msg {
+                    head, body, off, ..
+                } if head.len() + body.len() <= eager_max => {
                     let (head, body) = (head.clone(), body.clone());
                     debug_assert_eq!(*off, 0);
                     self.pending.pop_front();
@@ -268,20 +289,40 @@ impl Engine {
                     self.post_control(bufs, Header::new(Kind::RdvRequest));
                     break;
                 }
-                Outgoing::Msg { head, body, off } => {
+                Outgoing::Msg {
+                    head,
+                    body,
+                    off,
+                    source,
+                } => {
                     // §5.2: one chunk = WRITE into the next peer buffer +
                     // notification (a SEND, or the WRITE's immediate, §5.4).
                     if !rdv_ready {
                         break;
                     }
-                    if !self.staging_open {
+                    // §5.1: a large enough body is written from where it
+                    // is, registered once for the whole message.
+                    if *off == 0
+                        && self.cfg.zero_copy_min > 0
+                        && body.len() >= self.cfg.zero_copy_min
+                    {
+                        *source = bufs.register_source(body);
+                    }
+                    let source = *source;
+                    let total = head.len() + body.len();
+                    let clen = self.chunk.min(total - *off);
+                    let start = *off;
+                    // Bytes of this chunk that come from a staging buffer:
+                    // all of it, or with a source the part of `head` in it.
+                    let staged = match source {
+                        None => clen,
+                        Some(_) => head.len().saturating_sub(start).min(clen),
+                    };
+                    if staged > 0 && !self.staging_open {
                         bufs.open_staging().map_err(EngineError::Resource)?;
                         self.staging_open = true;
                     }
                     self.staging_used = true;
-                    let total = head.len() + body.len();
-                    let clen = self.chunk.min(total - *off);
-                    let start = *off;
                     *off += clen;
                     let last = *off == total;
                     let remaining = total - *off;
@@ -290,8 +331,22 @@ impl Engine {
                         self.pending.pop_front();
                     }
                     self.pending_bytes -= clen;
-                    let st = self.free_staging.pop_front().expect("checked");
-                    copy_gather(&head, &body, start, &mut bufs.staging(st)[..clen]);
+                    let st = if staged > 0 {
+                        let st = self.free_staging.pop_front().expect("checked");
+                        copy_gather(&head, &body, start, &mut bufs.staging(st)[..staged]);
+                        Some(st)
+                    } else {
+                        None
+                    };
+                    // A chunk all of whose bytes are in `head` reads no source.
+                    let write_source = source.filter(|_| staged < clen).map(|id| WriteSource {
+                        id,
+                        off: start + staged - head.len(),
+                        head: staged,
+                    });
+                    if source.is_some() {
+                        self.counters.zero_copy_bytes += (clen - staged) as u64;
+                    }
                     let idx = self.peer_rdv_next;
                     self.peer_rdv_next = (idx + 1) % self.cfg.peer.rdv_count;
                     self.peer_rdv_avail -= 1;
@@ -321,20 +376,28 @@ impl Engine {
                         };
                         wire::chunk_imm(idx, n, last)
                     });
+                    let held = st.map(Held::Staging);
                     let (wr_id, signaled) = if silent {
                         self.covering += 1;
-                        (self.push_silent_record(Held::Staging(st)), false)
+                        (self.push_silent_record(held), false)
                     } else {
-                        self.push_record(Some(Held::Staging(st)), imm.is_some())
+                        self.push_record(held, imm.is_some())
                     };
+                    if let (true, Some(id)) = (last, source) {
+                        // The last WRITE reading the source; a completion
+                        // covering it (its own, or its notification's)
+                        // covers every earlier one (§7).
+                        self.sources.push_back((wr_id & ((1 << 56) - 1), id));
+                    }
                     self.actions.push(Action::PostWrite {
-                        staging: st,
+                        staging: st.unwrap_or(0),
                         len: clen,
                         remote_addr,
                         rkey: self.peer_rdv_rkey,
                         wr_id,
                         signaled,
                         imm,
+                        source: write_source,
                     });
                     if silent {
                         continue;
@@ -393,10 +456,10 @@ impl Engine {
     /// notifications): the signalled notification posted right after it in
     /// the same pass covers its completion (§7), so it does not count
     /// towards `signal_every`.
-    fn push_silent_record(&mut self, held: Held) -> u64 {
+    fn push_silent_record(&mut self, held: Option<Held>) -> u64 {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.records.push_back((seq, Some(held)));
+        self.records.push_back((seq, held));
         sq_wr_id(seq)
     }
 
@@ -430,6 +493,7 @@ impl Engine {
                 wr_id,
                 signaled,
                 imm: None,
+                source: None,
             });
         } else if self.keepalive_due && !write_ok {
             self.keepalive_due = false;

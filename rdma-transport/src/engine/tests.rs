@@ -34,6 +34,10 @@ struct Mem {
     refuse: bool,
     /// shrink_recv calls (§4.7).
     shrinks: u32,
+    /// Zero-copy sources (§5.1) by id: `None` once released.
+    sources: Vec<Option<Bytes>>,
+    /// register_source refuses (a registration that fails: the copy).
+    refuse_sources: bool,
 }
 
 impl Buffers for Mem {
@@ -114,6 +118,18 @@ impl Buffers for Mem {
         self.recv_active = n;
         self.shrinks += 1;
     }
+    fn register_source(&mut self, body: &Bytes) -> Option<u32> {
+        if self.refuse_sources {
+            return None;
+        }
+        self.sources.push(Some(body.clone()));
+        Some(self.sources.len() as u32 - 1)
+    }
+    fn release_source(&mut self, id: u32) {
+        let s = &mut self.sources[id as usize];
+        assert!(s.is_some(), "source {id} released twice");
+        *s = None;
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -136,6 +152,8 @@ struct P {
     zero_write: bool,
     /// §4.7: revokes idle credits (a shared receive queue).
     revoke: bool,
+    /// Zero-copy send from this body size on (§5.1; 0: never).
+    zero_copy: usize,
 }
 
 impl P {
@@ -154,6 +172,7 @@ impl P {
             initial: 8,
             zero_write: true,
             revoke: false,
+            zero_copy: 0,
         }
     }
     /// Memory on demand, rings starting at 4 of 8 slots.
@@ -215,6 +234,8 @@ impl P {
             staging_closes: 0,
             refuse: false,
             shrinks: 0,
+            sources: Vec::new(),
+            refuse_sources: false,
         }
     }
     fn engine(&self, peer: &P) -> Engine {
@@ -232,6 +253,7 @@ impl P {
             rdv_addr: RDV_BASE,
             staging_count: self.rdv_count,
             staging_bytes: self.rdv_bytes,
+            zero_copy_min: self.zero_copy,
             max_message: 1 << 30,
             signal_every: self.signal_every,
             max_inline: self.inline,
@@ -260,6 +282,7 @@ enum Op {
         wr_id: u64,
         signaled: bool,
         imm: Option<u32>,
+        source: Option<WriteSource>,
     },
 }
 
@@ -334,6 +357,7 @@ impl Side {
                     wr_id,
                     signaled,
                     imm,
+                    source,
                 } => self.wire.push_back(Op::Write {
                     staging,
                     len,
@@ -342,6 +366,7 @@ impl Side {
                     wr_id,
                     signaled,
                     imm,
+                    source,
                 }),
             }
         }
@@ -466,6 +491,7 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             wr_id,
             signaled,
             imm,
+            source,
         } => {
             if len > 0 {
                 // The rkey is valid only while the region is registered.
@@ -474,7 +500,23 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             }
             let off = addr.saturating_sub(RDV_BASE) as usize;
             assert!(off + len <= to.mem.rdv.len(), "WRITE out of bounds");
-            let src = from.mem.staging(staging)[..len].to_vec();
+            // Read at execution time: a source released (or a staging
+            // buffer reused) before its WRITE executed panics or corrupts.
+            let src = match source {
+                None => from.mem.staging(staging)[..len].to_vec(),
+                Some(WriteSource { id, off: at, head }) => {
+                    let body = from.mem.sources[id as usize]
+                        .clone()
+                        .expect("WRITE from a released source");
+                    let mut v = if head > 0 {
+                        from.mem.staging(staging)[..head].to_vec()
+                    } else {
+                        Vec::new()
+                    };
+                    v.extend_from_slice(&body[at..at + len - head]);
+                    v
+                }
+            };
             to.mem.rdv[off..off + len].copy_from_slice(&src);
             to.imm_notes += u64::from(imm.is_some());
             if let (Some(v), true) = (imm, to.srq) {
@@ -709,6 +751,13 @@ fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Sid
         b.e.peer_saw_close,
         b.e.records
     );
+    // §5.1: every zero-copy source released once its WRITEs completed.
+    for side in [&a, &b] {
+        assert!(
+            side.mem.sources.iter().all(Option::is_none),
+            "a source kept"
+        );
+    }
     // Credit conservation at quiescence (§4.2): what a holds + what b owes
     // == b's receive ring.
     assert_eq!(a.e.credits() + b.e.owed_total, b.e.recv_active);
@@ -1410,6 +1459,9 @@ proptest! {
         pa.initial = 4;
         pb.on_demand = seed & 16 != 0;
         pb.initial = 4 + (seed >> 5) as u32 % 4;
+        // §5.1: zero-copy send on either side.
+        pa.zero_copy = if seed & 512 != 0 { 3000 } else { 0 };
+        pb.zero_copy = if seed & 1024 != 0 { 1 } else { 0 };
         run_pair(pa, pb, &a_msgs, &b_msgs, seed);
     }
 }
@@ -1444,6 +1496,8 @@ proptest! {
             // §4.7: idle ticks also revoke grown rings, as with a shared
             // receive queue (both sides at once: each is both roles).
             revoke: seed & 2 != 0,
+            // §5.1: the larger bodies written from where they are.
+            zero_copy: if seed & 4 != 0 { 5000 } else { 0 },
             ..P::on_demand()
         };
         let mut a = Side::new(&p, &p);
@@ -2778,4 +2832,131 @@ fn a_kept_large_message_never_changes_and_a_dropped_ones_buffer_is_reused() {
     })
     .join()
     .expect("test thread");
+}
+
+// ---- zero-copy send (§5.1) ----
+
+/// A body at the threshold is registered once and WRITTEN from where it
+/// is: the head's bytes alone go through a staging buffer; the source is
+/// held until the completion covering its last WRITE, then released; the
+/// receiver gets the same bytes.
+#[test]
+fn a_large_body_is_written_from_its_source_and_released_after_its_completion() {
+    for imm in [false, true] {
+        let p = P {
+            zero_copy: 5000,
+            rdv_count: 4,
+            imm,
+            ..P::small()
+        };
+        let (mut a, mut b) = connect(&p);
+        pump(&mut a, &mut b);
+        let m = pattern(7, 3 * 4096 + 100);
+        let mut body = m.clone();
+        let head = body.split_to(6);
+        a.e.submit_parts(head, body.clone());
+        a.e.progress(&mut a.mem).unwrap();
+        a.run_actions();
+        assert_eq!(a.mem.sources.len(), 1, "registered once");
+        assert!(
+            a.mem.sources[0].is_some(),
+            "held while its WRITEs are posted"
+        );
+        let writes: Vec<_> = a
+            .wire
+            .iter()
+            .filter_map(|o| match o {
+                Op::Write { source, len, .. } => Some((*source, *len)),
+                Op::Send { .. } => None,
+            })
+            .collect();
+        assert_eq!(
+            writes,
+            [
+                (
+                    Some(WriteSource {
+                        id: 0,
+                        off: 0,
+                        head: 6
+                    }),
+                    4096
+                ),
+                (
+                    Some(WriteSource {
+                        id: 0,
+                        off: 4090,
+                        head: 0
+                    }),
+                    4096
+                ),
+                (
+                    Some(WriteSource {
+                        id: 0,
+                        off: 8186,
+                        head: 0
+                    }),
+                    4096
+                ),
+                (
+                    Some(WriteSource {
+                        id: 0,
+                        off: 12282,
+                        head: 0
+                    }),
+                    100
+                ),
+            ],
+            "imm {imm}"
+        );
+        pump(&mut a, &mut b);
+        assert_eq!(b.got, [m]);
+        assert!(a.mem.sources[0].is_none(), "released after the completion");
+        assert_eq!(a.e.counters.zero_copy_bytes, body.len() as u64);
+        assert_eq!(a.mem.staging_opens, 1, "the head's staging buffer");
+    }
+}
+
+/// Below the threshold, or when the registration fails, the body is
+/// copied into staging buffers as before, and arrives the same.
+#[test]
+fn a_body_below_the_threshold_or_not_registered_is_copied() {
+    for (zero_copy, refuse) in [(5000, false), (100, true)] {
+        let p = P {
+            zero_copy,
+            ..P::small()
+        };
+        let (mut a, mut b) = connect(&p);
+        a.mem.refuse_sources = refuse;
+        pump(&mut a, &mut b);
+        let m = pattern(9, 4999);
+        a.e.submit(m.clone());
+        pump(&mut a, &mut b);
+        assert_eq!(b.got, [m]);
+        assert!(a.mem.sources.is_empty(), "nothing registered");
+        assert_eq!(a.e.counters.zero_copy_bytes, 0);
+    }
+}
+
+/// The source stays registered until the completion that covers its last
+/// WRITE is polled, even when every chunk has been handed to the "NIC".
+#[test]
+fn a_source_outlives_its_posting_until_the_covering_completion() {
+    let p = P {
+        zero_copy: 1,
+        rdv_count: 4,
+        imm: true,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    let m = pattern(3, 6000);
+    a.e.submit(m.clone());
+    a.e.progress(&mut a.mem).unwrap();
+    a.run_actions();
+    assert_eq!(a.e.pending_msgs(), 0, "every chunk posted");
+    while deliver(&mut a, &mut b) {}
+    assert!(a.mem.sources[0].is_some(), "no completion polled yet");
+    pump(&mut a, &mut b);
+    assert!(a.mem.sources[0].is_none());
+    assert_eq!(b.got, [m]);
 }

@@ -8,15 +8,17 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use super::device_pool::{BlockSource, DevicePool};
+use super::exposed::{MrUse, UserMr};
 use super::recv_pool::RecvPool;
 use super::registered::{Access, RegisteredBuf};
 use super::slot_pool::SlotPool;
 use super::{WR_BIND, WR_SRQ};
-use crate::engine::{Action, Buffers};
+use crate::engine::{Action, Buffers, WriteSource};
 use crate::error::{Error, PeerMisbehaved, ResourceError};
+use crate::remote::Exposable;
 use crate::verbs::{Cq, Mw, Pd, Qp, SendDesc};
 
 /// Sizes of the four per-connection pools (their largest sizes; memory on
@@ -78,6 +80,12 @@ pub(crate) struct ConnMemory {
     window: Option<Mw>,
     rdv: Option<RegisteredBuf>,
     staging: Option<RegisteredBuf>,
+    /// Zero-copy sources (§5.1): messages being RDMA-WRITTEN from where
+    /// they are, each registered (no access flag: only our own WRITEs read
+    /// it) and held until the engine releases it, after the completion
+    /// covering its last WRITE, or until the QP is gone. Indexed by the id
+    /// the engine names them by; `None` entries are free ids.
+    sources: Vec<Option<UserMr>>,
     sz: PoolSizes,
     src: BlockSource,
     /// Scratch lists of [`execute`](Self::execute), kept so that posting
@@ -108,6 +116,7 @@ impl ConnMemory {
             window: None,
             rdv: None,
             staging: None,
+            sources: Vec::new(),
             sz,
             src: BlockSource {
                 pd: pd.clone(),
@@ -282,6 +291,23 @@ impl ConnMemory {
         self.qp = None;
     }
 
+    /// `(addr, len, lkey)` of the bytes a zero-copy chunk of `len` bytes
+    /// takes from its source after its head (§5.1), bounds-checked against
+    /// the registration.
+    fn source_range(&self, src: WriteSource, len: usize) -> (u64, u32, u32) {
+        let mr = self
+            .sources
+            .get(src.id as usize)
+            .and_then(Option::as_ref)
+            .expect("a WRITE from a source the engine registered and has not released");
+        let n = len.checked_sub(src.head).expect("head within the chunk");
+        assert!(
+            src.off.checked_add(n).is_some_and(|end| end <= mr.len()),
+            "zero-copy chunk outside its source"
+        );
+        (mr.addr() + src.off as u64, n as u32, mr.lkey())
+    }
+
     /// Posts engine actions (bounds-checked against the pools): all
     /// receives first (one call), then all sends/writes in order (one call).
     /// Receives first keeps the rule that a slot is posted before the credit
@@ -328,6 +354,7 @@ impl ConnMemory {
                         addr: seg.addr() + off as u64,
                         len: len as u32,
                         lkey: seg.lkey(),
+                        then: None,
                         signaled,
                         inline,
                         remote: None,
@@ -342,21 +369,28 @@ impl ConnMemory {
                     wr_id,
                     signaled,
                     imm,
+                    source,
                 } => {
                     let st = staging as usize;
                     assert!(st < self.sz.rdv_count && len <= self.sz.rdv_bytes);
+                    // With a source, only its head comes from the staging buffer.
+                    let (staged, then) = match source {
+                        None => (len, None),
+                        Some(src) => (src.head, Some(self.source_range(src, len))),
+                    };
                     // A zero-length WRITE (keepalive, §4.4) reads nothing:
                     // no staging buffer needs to be registered for it.
                     let (addr, lkey) = match &self.staging {
                         Some(b) => (b.addr() + (st * self.sz.rdv_bytes) as u64, b.lkey()),
-                        None if len == 0 => (0, 0),
+                        None if staged == 0 => (0, 0),
                         None => panic!("WRITE from staging buffers that are not registered"),
                     };
                     sends.push(SendDesc {
                         wr_id,
                         addr,
-                        len: len as u32,
+                        len: staged as u32,
                         lkey,
+                        then,
                         signaled,
                         inline: false,
                         remote: Some((remote_addr, rkey)),
@@ -378,8 +412,11 @@ impl ConnMemory {
             .and_then(|()| unsafe { qp.post_recvs(&recvs) })
             .and_then(|()| {
                 // SAFETY: ranges inside the registered send/staging pools
-                // (checked); the engine reuses a slot only after a covering
-                // completion (§7).
+                // and zero-copy sources (checked); the engine reuses a slot
+                // only after a covering completion (§7), and releases a
+                // source (the only thing that drops its registration and
+                // its bytes before the QP is gone) only then; a source is a
+                // `Bytes`, which nothing writes.
                 unsafe { qp.post_sends(&sends) }
             });
         self.recvs = recvs;
@@ -397,6 +434,8 @@ impl Drop for ConnMemory {
         // Explicit: the window (see destroy_qp), the QP, then the buffers.
         self.window = None;
         self.qp = None;
+        // No WRITE reads a zero-copy source now: deregistered and let go.
+        self.sources.clear();
         // No work request can reach a block now, nor a peer (the window is
         // gone): the device pool takes them back.
         self.recv.trim(&self.src, 0);
@@ -571,5 +610,36 @@ impl Buffers for ConnMemory {
         self.recv
             .ensure(&self.src, n as usize)
             .map_err(ResourceError::from_error)
+    }
+    fn register_source(&mut self, body: &Bytes) -> Option<u32> {
+        if body.is_empty() || self.sources.len() > u32::MAX as usize / 2 {
+            return None;
+        }
+        // No access flag: only our own WRITEs read it; a cap reached or a
+        // failed registration means the copy instead.
+        let mr = UserMr::new(
+            &self.src.pd,
+            Exposable::Shared(body.clone()),
+            MrUse::WriteSource,
+            self.src.limit,
+        )
+        .ok()?;
+        let id = match self.sources.iter().position(Option::is_none) {
+            Some(i) => {
+                self.sources[i] = Some(mr);
+                i
+            }
+            None => {
+                self.sources.push(Some(mr));
+                self.sources.len() - 1
+            }
+        };
+        Some(id as u32)
+    }
+    fn release_source(&mut self, id: u32) {
+        if let Some(s) = self.sources.get_mut(id as usize) {
+            // Deregistered (and the bytes let go) when dropped.
+            *s = None;
+        }
     }
 }

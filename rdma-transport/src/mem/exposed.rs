@@ -197,7 +197,7 @@ impl UserMr {
         unsafe { (*self.mr).rkey }
     }
 
-    fn lkey(&self) -> u32 {
+    pub(crate) fn lkey(&self) -> u32 {
         // SAFETY: as for rkey.
         unsafe { (*self.mr).lkey }
     }

@@ -19,13 +19,17 @@ use crate::error::{Errno, Error};
 /// stack (longer lists are posted in several calls, in order).
 pub(crate) const POST_BATCH: usize = 16;
 
-/// One SEND (`remote == None`) or RDMA WRITE to `(addr, rkey)`.
+/// One SEND (`remote == None`) or RDMA WRITE to `(addr, rkey)`, of
+/// `[addr, addr+len)` followed by `then` (a second gather entry, or none).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SendDesc {
     pub wr_id: u64,
     pub addr: u64,
     pub len: u32,
     pub lkey: u32,
+    /// `(addr, len, lkey)` of a second gather entry (a zero-copy chunk's
+    /// bytes after its head, §5.1).
+    pub then: Option<(u64, u32, u32)>,
     pub signaled: bool,
     pub inline: bool,
     pub remote: Option<(u64, u32)>,
@@ -84,7 +88,9 @@ impl Qp {
             // its own (§4.7).
             attr.cap.max_recv_wr = if srq.is_some() { 0 } else { recv_wr };
             attr.srq = srq.as_ref().map_or(std::ptr::null_mut(), |s| s.ptr);
-            attr.cap.max_send_sge = 1;
+            // Two: a zero-copy chunk gathers its head from a staging
+            // buffer and the rest from the message (§5.1).
+            attr.cap.max_send_sge = 2;
             attr.cap.max_recv_sge = 1;
             attr.cap.max_inline_data = inline_try;
             // SAFETY: id is resolved (has a device), pd/cq/srq are live and
@@ -189,22 +195,28 @@ impl Qp {
     /// batch of up to [`POST_BATCH`] (built on the stack, nothing allocated).
     ///
     /// # Safety
-    /// Every `[addr, addr+len)` must lie in memory registered with its
-    /// `lkey` that stays allocated and is not written by the CPU until a
-    /// completion covering that work request is polled.
+    /// Every `[addr, addr+len)` (and every `then` range) must lie in memory
+    /// registered with its `lkey` that stays allocated and is not written
+    /// by the CPU until a completion covering that work request is polled.
     pub(crate) unsafe fn post_sends(&self, list: &[SendDesc]) -> Result<(), Error> {
         for batch in list.chunks(POST_BATCH) {
             // Only the entries this batch uses are written (an ibv_send_wr is
             // 128 bytes: zeroing the whole array cost more than posting one).
-            let mut sges = [const { MaybeUninit::<ibv_sge>::uninit() }; POST_BATCH];
+            // Work request i gathers from sges[2i] and, with `then`, sges[2i+1].
+            let mut sges = [const { MaybeUninit::<ibv_sge>::uninit() }; 2 * POST_BATCH];
             let mut wrs = [const { MaybeUninit::<ibv_send_wr>::uninit() }; POST_BATCH];
             let n = batch.len();
             for (i, d) in batch.iter().enumerate() {
-                sges[i].write(ibv_sge {
+                sges[2 * i].write(ibv_sge {
                     addr: d.addr,
                     length: d.len,
                     lkey: d.lkey,
                 });
+                let mut num_sge = i32::from(d.len != 0);
+                if let Some((addr, length, lkey)) = d.then {
+                    sges[2 * i + 1].write(ibv_sge { addr, length, lkey });
+                    num_sge += 1;
+                }
                 let mut flags = 0;
                 if d.signaled {
                     flags |= ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -216,7 +228,9 @@ impl Qp {
                 // all-zero is a valid value.
                 let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
                 wr.wr_id = d.wr_id;
-                wr.num_sge = if d.len == 0 { 0 } else { 1 };
+                // A first entry of length 0 (a zero-length WRITE, or a
+                // zero-copy chunk without head bytes) is skipped below.
+                wr.num_sge = num_sge;
                 wr.send_flags = flags;
                 match d.remote {
                     None => wr.opcode = ibv_wr_opcode::IBV_WR_SEND,
@@ -235,12 +249,21 @@ impl Qp {
             }
             let base = wrs.as_mut_ptr().cast::<ibv_send_wr>();
             let sbase = sges.as_mut_ptr().cast::<ibv_sge>();
-            for i in 0..n {
-                // SAFETY: i < n <= POST_BATCH: both pointers stay inside their arrays, which live
-                // on this frame across the call, and entries 0..n were written above
-                // (MaybeUninit<T> has T's layout).
+            for (i, d) in batch.iter().enumerate() {
+                // The gather list starts at the first entry written with a
+                // length (an empty first entry is left out).
+                let first = if d.len == 0 && d.then.is_some() {
+                    2 * i + 1
+                } else {
+                    2 * i
+                };
+                // SAFETY: i < n <= POST_BATCH, first < 2 * POST_BATCH: both
+                // pointers stay inside their arrays, which live on this frame
+                // across the call; wrs[i] and sges[first] (and sges[first + 1]
+                // when num_sge is 2) were written above (MaybeUninit<T> has
+                // T's layout).
                 unsafe {
-                    (*base.add(i)).sg_list = sbase.add(i);
+                    (*base.add(i)).sg_list = sbase.add(first);
                     if i + 1 < n {
                         (*base.add(i)).next = base.add(i + 1);
                     }
