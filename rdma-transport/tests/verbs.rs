@@ -718,6 +718,9 @@ async fn memory_on_demand_follows_traffic() {
             initial_recv_slots: 16,
             initial_send_slots: 16,
             shared_receive_queue: false,
+            // The staging copy: a payload written from where it is
+            // (zero-copy send, its own test) needs no staging buffer.
+            zero_copy_send_bytes: 0,
             ..Config::default()
         };
         let d = &cfg;
@@ -1358,6 +1361,9 @@ async fn a_closed_connections_blocks_serve_the_next_one() {
         // enough that the blocks wait for the next connection below.
         let cfg = Config {
             memory_idle_release: Duration::from_secs(3),
+            // The staging copy, so that each side's staging buffers are
+            // among the blocks (zero-copy send has its own test).
+            zero_copy_send_bytes: 0,
             ..Config::default()
         };
         let region = cfg.rendezvous_buffers as usize * cfg.rendezvous_buffer_bytes;

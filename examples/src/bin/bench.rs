@@ -224,6 +224,12 @@ struct Args {
     /// RDMA path: rendezvous buffers per connection, both sides (default 16).
     #[arg(long)]
     rdv_buffers: Option<u32>,
+    /// RDMA path: rendezvous payloads of at least this many bytes are
+    /// written from where they are, not copied into staging buffers
+    /// (`rdma_transport::Config::zero_copy_send_bytes`; 0: always copied;
+    /// default: the transport's).
+    #[arg(long, value_parser = parse_size)]
+    zero_copy_send_bytes: Option<usize>,
     /// RDMA path: notify chunks by SEND even where WRITE with immediate
     /// data is available (to measure what the immediate saves).
     #[arg(long)]
@@ -288,6 +294,7 @@ impl Args {
         };
         if self.rdv_bytes.is_none()
             && self.rdv_buffers.is_none()
+            && self.zero_copy_send_bytes.is_none()
             && !self.no_write_imm
             && !self.no_memory_on_demand
             && poll_mode.is_none()
@@ -303,6 +310,7 @@ impl Args {
             max_message_bytes: 16 << 20,
             rendezvous_buffer_bytes: self.rdv_bytes.unwrap_or(d.rendezvous_buffer_bytes),
             rendezvous_buffers: self.rdv_buffers.unwrap_or(d.rendezvous_buffers),
+            zero_copy_send_bytes: self.zero_copy_send_bytes.unwrap_or(d.zero_copy_send_bytes),
             write_with_imm: !self.no_write_imm,
             memory_on_demand: !self.no_memory_on_demand,
             poll_mode: poll_mode.map_or(d.poll_mode, PollModeArg::mode),
