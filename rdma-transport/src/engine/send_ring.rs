@@ -85,19 +85,22 @@ impl Engine {
         self.records.len()
     }
 
-    /// Whether progress may wait for a send completion (§8): a message is
-    /// queued, CLOSE waits for its flush, or fewer than the 2 send slots or
-    /// the send-queue room a control message needs are free, all while a
-    /// posted work request is outstanding. The driver arms its send CQ
-    /// only then, so a send completion does not wake it otherwise; what
-    /// waits for the peer instead (credits, rendezvous buffers) is woken by
-    /// a receive.
+    /// Whether progress may wait for a send completion (§8): CLOSE waits
+    /// for its flush, fewer than the 2 send slots or the send-queue room a
+    /// control message needs are free, or a queued message waits for a
+    /// staging buffer, all while a posted work request is outstanding. The
+    /// driver arms its send CQ only then, so a send completion does not
+    /// wake it otherwise: a queued message that waits for the peer
+    /// (credits, rendezvous buffers, its region) is woken by the receive
+    /// that brings them, and what a completion frees meanwhile (slots,
+    /// staging buffers, zero-copy sources) is collected at the driver's
+    /// next full poll.
     pub fn wants_send_completions(&self) -> bool {
         !self.records.is_empty()
-            && (!self.pending.is_empty()
-                || self.close_sent
+            && (self.close_sent
                 || self.free_send.len() < 2
-                || !self.sq_room(3))
+                || !self.sq_room(3)
+                || (!self.pending.is_empty() && self.free_staging.is_empty()))
     }
 
     /// A send-queue completion: frees the send slots, staging buffers and

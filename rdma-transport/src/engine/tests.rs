@@ -2960,3 +2960,38 @@ fn a_source_outlives_its_posting_until_the_covering_completion() {
     assert!(a.mem.sources[0].is_none());
     assert_eq!(b.got, [m]);
 }
+
+/// §8: a queued message that waits for the peer's rendezvous buffers is
+/// woken by the receive that returns them, not by send completions (the
+/// driver arms its send CQ only for what a completion frees); one that
+/// waits for a staging buffer needs the completion.
+#[test]
+fn only_a_local_wait_asks_for_send_completions() {
+    for zero_copy in [0, 1] {
+        let p = P {
+            zero_copy,
+            rdv_count: 2,
+            slots: 16,
+            ..P::small()
+        };
+        let (mut a, mut b) = connect(&p);
+        pump(&mut a, &mut b);
+        // Three messages of two chunks each: the peer's two buffers take
+        // the first; the rest waits for their return.
+        for i in 0..3 {
+            a.e.submit(pattern(i, 2 * 4096));
+        }
+        a.e.progress(&mut a.mem).unwrap();
+        a.run_actions();
+        assert!(a.e.pending_msgs() > 0, "waiting for the peer's buffers");
+        assert_eq!(a.e.peer_rdv_avail, 0);
+        let staging_short = a.e.free_staging.is_empty();
+        assert_eq!(
+            a.e.wants_send_completions(),
+            staging_short,
+            "zero_copy {zero_copy}: a completion helps only if it frees staging"
+        );
+        pump(&mut a, &mut b);
+        assert_eq!(b.got.len(), 3, "everything arrives");
+    }
+}
