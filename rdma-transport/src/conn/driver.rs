@@ -590,6 +590,10 @@ impl Driver {
         let Some(mut core) = self.shared.core().take() else {
             return;
         };
+        // A SendHalf waiting for room (back-pressure) registered its wait
+        // before it looked at the core: wake it to find the core gone and
+        // return the connection's error, instead of waiting for ever.
+        self.shared.room.notify_waiters();
         if let Some(qp) = core.mem.qp() {
             let _ = qp.to_error();
         }
