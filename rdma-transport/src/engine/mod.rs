@@ -139,7 +139,12 @@ pub fn recv_wr_id(slot: u32, gen: u32) -> u64 {
 
 /// Encodes a send-queue wr_id: kind | sequence number (§7).
 pub fn sq_wr_id(seq: u64) -> u64 {
-    (WR_SQ << 56) | (seq & ((1 << 56) - 1))
+    (WR_SQ << 56) | sq_seq(seq)
+}
+
+/// The sequence number of a send-queue wr_id (§7).
+pub(crate) fn sq_seq(wr_id: u64) -> u64 {
+    wr_id & ((1 << 56) - 1)
 }
 
 /// Work the driver must post, in order.

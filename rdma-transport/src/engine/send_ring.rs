@@ -5,7 +5,9 @@
 use bytes::Bytes;
 
 use super::wire::{self, Header, Kind, FLAG_CLOSE_SEEN, FLAG_LAST, HDR_LEN};
-use super::{sq_wr_id, Action, Buffers, Completion, Engine, EngineError, PeerRdv, WriteSource};
+use super::{
+    sq_seq, sq_wr_id, Action, Buffers, Completion, Engine, EngineError, PeerRdv, WriteSource,
+};
 
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Held {
@@ -119,9 +121,9 @@ impl Engine {
         }
         // §7: completions on the SQ are in order, so a completion for
         // sequence s covers every earlier (unsignalled) work request.
-        let seq = c.wr_id & ((1 << 56) - 1);
+        let seq = sq_seq(c.wr_id);
         while let Some(&(s, held)) = self.records.front() {
-            if (s & ((1 << 56) - 1)) > seq {
+            if sq_seq(s) > seq {
                 break;
             }
             self.records.pop_front();
@@ -390,7 +392,7 @@ impl Engine {
                         // The last WRITE reading the source; a completion
                         // covering it (its own, or its notification's)
                         // covers every earlier one (§7).
-                        self.sources.push_back((wr_id & ((1 << 56) - 1), id));
+                        self.sources.push_back((sq_seq(wr_id), id));
                     }
                     self.actions.push(Action::PostWrite {
                         staging: st.unwrap_or(0),

@@ -411,12 +411,11 @@ impl ConnMemory {
             // the engine does not touch a receive slot until its completion.
             .and_then(|()| unsafe { qp.post_recvs(&recvs) })
             .and_then(|()| {
-                // SAFETY: ranges inside the registered send/staging pools
-                // and zero-copy sources (checked); the engine reuses a slot
-                // only after a covering completion (§7), and releases a
-                // source (the only thing that drops its registration and
-                // its bytes before the QP is gone) only then; a source is a
-                // `Bytes`, which nothing writes.
+                // A zero-copy source is a `Bytes`, which nothing writes; the
+                // engine releases it (the only thing that drops its registration
+                // and bytes before the QP is gone) after a covering completion.
+                // SAFETY: ranges inside the registered send/staging pools and
+                // sources (checked); each reused only after a covering completion (§7).
                 unsafe { qp.post_sends(&sends) }
             });
         self.recvs = recvs;
@@ -612,9 +611,12 @@ impl Buffers for ConnMemory {
             .map_err(ResourceError::from_error)
     }
     fn register_source(&mut self, body: &Bytes) -> Option<u32> {
-        if body.is_empty() || self.sources.len() > u32::MAX as usize / 2 {
+        if body.is_empty() {
             return None;
         }
+        let free = self.sources.iter().position(Option::is_none);
+        let id = free.unwrap_or(self.sources.len());
+        let id32 = u32::try_from(id).ok()?;
         // No access flag: only our own WRITEs read it; a cap reached or a
         // failed registration means the copy instead.
         let mr = UserMr::new(
@@ -624,17 +626,11 @@ impl Buffers for ConnMemory {
             self.src.limit,
         )
         .ok()?;
-        let id = match self.sources.iter().position(Option::is_none) {
-            Some(i) => {
-                self.sources[i] = Some(mr);
-                i
-            }
-            None => {
-                self.sources.push(Some(mr));
-                self.sources.len() - 1
-            }
-        };
-        Some(id as u32)
+        match free {
+            Some(i) => self.sources[i] = Some(mr),
+            None => self.sources.push(Some(mr)),
+        }
+        Some(id32)
     }
     fn release_source(&mut self, id: u32) {
         if let Some(s) = self.sources.get_mut(id as usize) {

@@ -257,11 +257,11 @@ impl Qp {
                 } else {
                     2 * i
                 };
-                // SAFETY: i < n <= POST_BATCH, first < 2 * POST_BATCH: both
-                // pointers stay inside their arrays, which live on this frame
-                // across the call; wrs[i] and sges[first] (and sges[first + 1]
-                // when num_sge is 2) were written above (MaybeUninit<T> has
-                // T's layout).
+                // Bounds: i < n <= POST_BATCH, first < 2 * POST_BATCH; wrs[i]
+                // and sges[first] (sges[first + 1] too when num_sge is 2) were
+                // written above (MaybeUninit<T> has T's layout).
+                // SAFETY: by the bounds above both pointers stay inside their
+                // arrays, which live on this frame across the call.
                 unsafe {
                     (*base.add(i)).sg_list = sbase.add(first);
                     if i + 1 < n {
