@@ -17,13 +17,17 @@
 //! ticks come at any moment. Zero-copy send (§5.1) is on when the input
 //! says so: a WRITE reads a source only inside its registration and only
 //! before the engine released it, and every release names a source held.
+//! Reading by the receiver (§5.6) is on when the input says so: the peer
+//! forges RDV_READ and RDV_DONE at will; a READ lands only inside a
+//! destination the engine opened and has not taken, a window is bound only
+//! over a body exposed and not released.
 #![no_main]
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use rdma_transport::engine::wire::{Hello, HELLO_FLAG_ON_DEMAND, VERSION};
+use rdma_transport::engine::wire::{Hello, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_READ, VERSION};
 use rdma_transport::engine::{
-    sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, Imm, ResourceError,
-    WriteSource,
+    sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, Exposure, Imm,
+    ResourceError, WriteSource,
 };
 use std::collections::VecDeque;
 
@@ -44,8 +48,11 @@ struct Mem {
     send_active: u32,
     rdv_open: bool,
     staging_open: bool,
-    /// Zero-copy sources (§5.1): the registered length, `None` once released.
+    /// Zero-copy sources (§5.1) and exposed bodies (§5.6): the registered
+    /// length, `None` once released.
     sources: Vec<Option<usize>>,
+    /// READ destinations (§5.6): their length, `None` once taken.
+    dests: Vec<Option<usize>>,
 }
 
 impl Buffers for Mem {
@@ -110,6 +117,28 @@ impl Buffers for Mem {
     fn release_source(&mut self, id: u32) {
         let s = self.sources.get_mut(id as usize).expect("a source never registered");
         assert!(s.take().is_some(), "source {id} released twice");
+    }
+    fn expose_source(&mut self, body: &Bytes) -> Option<Exposure> {
+        assert!(!body.is_empty(), "an empty body exposed");
+        self.sources.push(Some(body.len()));
+        let id = self.sources.len() as u32 - 1;
+        Some(Exposure {
+            id,
+            addr: 0x5000_0000 + (u64::from(id) << 20),
+            rkey: 0x77,
+            bind: id % 2 == 0,
+        })
+    }
+    fn open_dest(&mut self, head: &[u8], len: usize) -> Result<u32, ResourceError> {
+        let total = head.len() + len;
+        assert!(total <= MAX_MESSAGE, "a destination of {total} bytes");
+        self.dests.push(Some(total));
+        Ok(self.dests.len() as u32 - 1)
+    }
+    fn take_dest(&mut self, id: u32) -> Result<Bytes, ResourceError> {
+        let d = self.dests.get_mut(id as usize).expect("a destination never opened");
+        let n = d.take().expect("a destination taken twice");
+        Ok(Bytes::from(vec![0xCD; n]))
     }
 }
 
@@ -217,6 +246,22 @@ fn drain(
                 );
                 sq.push_back(wr_id);
             }
+            Action::BindSource { id, wr_id, .. } => {
+                assert!(
+                    mem.sources.get(id as usize).copied().flatten().is_some(),
+                    "bind over body {id}, released or never exposed"
+                );
+                sq.push_back(wr_id);
+            }
+            Action::PostRead {
+                dest, off, len, wr_id, ..
+            } => {
+                let Some(n) = mem.dests.get(dest as usize).copied().flatten() else {
+                    panic!("READ into destination {dest}, taken or never opened");
+                };
+                assert!(off + len <= n, "READ of {len} bytes at {off} into {n}");
+                sq.push_back(wr_id);
+            }
         }
     }
     while let Some(ev) = e.next_event() {
@@ -240,6 +285,8 @@ fuzz_target!(|data: &[u8]| {
     let covers = write_imm && first & 8 != 0;
     // §5.1: zero-copy send of bodies from 1 KiB on.
     let zero_copy = first & 16 != 0;
+    // §5.6: reading by the receiver, both ways.
+    let read = first & 32 != 0;
     let mut peer = Hello {
         version: VERSION,
         flags: 0,
@@ -255,6 +302,9 @@ fuzz_target!(|data: &[u8]| {
         peer.flags = HELLO_FLAG_ON_DEMAND;
         peer.rdv_addr = 0;
         peer.rdv_rkey = 0;
+    }
+    if read {
+        peer.flags |= HELLO_FLAG_READ;
     }
     if input.byte().unwrap_or(0) & 1 == 1 {
         // A hello with fuzzed fields (magic and version right, so that the
@@ -277,7 +327,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(d) = &decoded {
             assert_eq!(d, &peer, "decode(encode(h)) == h");
         } else {
-            let r = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy));
+            let r = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy, read));
             assert!(
                 r.is_err(),
                 "Engine::new accepted a hello decode refuses: {peer:?}"
@@ -285,7 +335,7 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     }
-    let Ok(mut e) = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy)) else {
+    let Ok(mut e) = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy, read)) else {
         panic!("Engine::new refused a hello decode accepts: {peer:?}");
     };
     let mut mem = Mem {
@@ -298,6 +348,7 @@ fuzz_target!(|data: &[u8]| {
         rdv_open: !on_demand,
         staging_open: false,
         sources: Vec::new(),
+        dests: Vec::new(),
     };
     let mut posted = VecDeque::new();
     let mut sq = VecDeque::new();
@@ -323,6 +374,7 @@ fn engine_config(
     covers: bool,
     on_demand: bool,
     zero_copy: bool,
+    read: bool,
 ) -> EngineConfig {
     let initial = if on_demand { INITIAL } else { SLOTS };
     EngineConfig {
@@ -345,6 +397,7 @@ fn engine_config(
         max_inline: 64,
         write_imm,
         covers,
+        read_rdv: read,
         zero_length_write_any_rkey: write_imm,
         // §4.7: the revoke exchange too, where memory is on demand.
         revoke_idle: on_demand,

@@ -116,6 +116,21 @@ pub struct Config {
     /// call's CPU down by 13–22 % in the VM (`docs/benchmarks.md`, large
     /// calls).
     pub zero_copy_send_bytes: usize,
+    /// Messages read by their receiver (`docs/wire-protocol-rdma.md` §5.6):
+    /// offered in the hello; where both sides offer it, a rendezvous
+    /// message whose payload has at least `zero_copy_send_bytes` (and at
+    /// most 1 GiB) is left where it is, readable by the peer alone, and
+    /// the peer RDMA-READs it into a buffer of its own that it hands to
+    /// the application as it is: no copy on either side. Otherwise, or
+    /// where the payload cannot be registered, it is RDMA-WRITTEN as
+    /// above. Default on.
+    pub read_rendezvous: bool,
+    /// Registered bytes a connection keeps for the buffers of messages it
+    /// reads (§5.6): power-of-two buffers of 4 KiB to 4 MiB, made on
+    /// first use and reused once the application dropped the message in
+    /// them; a message that finds no room gets a buffer registered for it
+    /// alone. Counted against `global_max_registered_bytes`. Default 16 MiB.
+    pub read_cache_bytes: usize,
     /// Largest message accepted (and sent). Default 1 GiB.
     pub max_message_bytes: usize,
     /// Requested `max_inline_data`; the device may grant less (0 disables
@@ -256,6 +271,8 @@ impl Default for Config {
             rendezvous_buffer_bytes: 256 * 1024,
             rendezvous_buffers: 16,
             zero_copy_send_bytes: 512 << 10,
+            read_rendezvous: true,
+            read_cache_bytes: 16 << 20,
             max_message_bytes: 1 << 30,
             max_inline_bytes: 128,
             signal_every: 16,

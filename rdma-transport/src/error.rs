@@ -213,6 +213,43 @@ pub enum PeerMisbehaved {
         /// The current limit.
         current: u32,
     },
+    // ---- messages read by the receiver, §5.6 ----
+    /// An RDV_READ or RDV_DONE though the hellos did not both offer §5.6.
+    #[error("{kind} though reading messages was not negotiated")]
+    ReadNotOffered {
+        /// Kind name.
+        kind: &'static str,
+    },
+    /// An RDV_READ while a rendezvous message was incomplete.
+    #[error("RDV_READ inside a rendezvous message")]
+    ReadInsideRendezvous,
+    /// An RDV_READ beyond the announcements a side may have unanswered.
+    #[error("more than {max} messages announced by RDV_READ and not answered")]
+    TooManyReads {
+        /// The most allowed (§5.6).
+        max: u32,
+    },
+    /// An RDV_READ whose body is empty, larger than 1 GiB, or wraps around
+    /// the address space.
+    #[error("RDV_READ of {len} bytes at {addr:#x}: empty, over 1 GiB, or wrapping around the address space")]
+    ReadRange {
+        /// Address announced.
+        addr: u64,
+        /// Body length announced.
+        len: u64,
+    },
+    /// An RDV_READ naming a message that is already being read.
+    #[error("RDV_READ names message {id}, which is already being read")]
+    ReadIdInUse {
+        /// The id.
+        id: u32,
+    },
+    /// An RDV_DONE for a message we did not announce (or answered twice).
+    #[error("RDV_DONE for message {id}, which is not waiting to be read")]
+    ReadDoneUnknown {
+        /// The id.
+        id: u32,
+    },
     // ---- eager, §4.1 ----
     /// An EAGER message arrived while a rendezvous message was incomplete.
     #[error("eager message inside a rendezvous message")]

@@ -47,6 +47,12 @@ stats! {
     /// time (zero-copy send, wire-protocol-rdma §5.1), not from a staging
     /// buffer.
     rendezvous_zero_copy_bytes,
+    /// Messages sent for the peer to read (RDV_READ, wire-protocol-rdma
+    /// §5.6): their payload was neither copied nor written by us.
+    reads_announced,
+    /// Bytes RDMA-READ from the peer into buffers handed to the
+    /// application as they are (wire-protocol-rdma §5.6).
+    read_bytes,
     /// Explicit credit-return messages sent.
     credit_msgs,
     /// Completion-channel events consumed.
@@ -142,6 +148,16 @@ impl ConnStats {
                 &self.rendezvous_zero_copy_bytes,
                 &GLOBAL.rendezvous_zero_copy_bytes,
                 now.zero_copy_bytes - last.zero_copy_bytes,
+            ),
+            (
+                &self.reads_announced,
+                &GLOBAL.reads_announced,
+                now.read_announced - last.read_announced,
+            ),
+            (
+                &self.read_bytes,
+                &GLOBAL.read_bytes,
+                now.read_bytes - last.read_bytes,
             ),
             (
                 &self.credit_msgs,

@@ -243,6 +243,99 @@ impl RawPeer {
         .await
     }
 
+    /// Announces `body` for the listener to read (§5.6), as an honest
+    /// sender does: exposes it (binding its window first where the PD is
+    /// shared) and SENDs RDV_READ naming it `id`. The body stays exposed
+    /// while this peer lives. Returns the SEND's status and the exposure.
+    ///
+    /// # Errors
+    ///
+    /// As [`send_raw`](Self::send_raw); [`Error::ResourceLimit`] when the
+    /// body cannot be exposed.
+    pub async fn announce_read(
+        &mut self,
+        body: &bytes::Bytes,
+    ) -> Result<(WcStatus, crate::engine::Exposure), Error> {
+        self.settle()?;
+        let x = self
+            .hs
+            .res
+            .mem
+            .expose_source(body)
+            .ok_or(Error::ResourceLimit(crate::error::ResourceError::Other(
+                "the body could not be exposed".into(),
+            )))?;
+        if x.bind {
+            let wr_id = sq_wr_id(self.next_seq);
+            self.next_seq += 1;
+            let st = self
+                .post_and_wait(
+                    Action::BindSource {
+                        id: x.id,
+                        wr_id,
+                        signaled: true,
+                    },
+                    wr_id,
+                )
+                .await?;
+            if !st.ok() {
+                return Ok((st, x));
+            }
+        }
+        let st = self
+            .send_header(Kind::RdvRead, |h| {
+                h.addr = x.addr;
+                h.len = x.rkey;
+                h.total_len = body.len() as u64;
+                h.rdv_index = x.id;
+            })
+            .await?;
+        Ok((st, x))
+    }
+
+    /// RDMA-READs `len` bytes at (`remote_addr`, `rkey`), whatever they
+    /// are (§5.6: a body the listener announced, or a forged range), into
+    /// a buffer of its own, and waits for the completion: the bytes when it
+    /// succeeded.
+    ///
+    /// # Errors
+    ///
+    /// As [`send_raw`](Self::send_raw); [`Error::ResourceLimit`] when the
+    /// buffer cannot be registered.
+    pub async fn read(
+        &mut self,
+        len: usize,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<(WcStatus, Option<bytes::Bytes>), Error> {
+        self.settle()?;
+        let mem = &mut self.hs.res.mem;
+        let dest = mem.open_dest(&[], len).map_err(Error::ResourceLimit)?;
+        let wr_id = sq_wr_id(self.next_seq);
+        self.next_seq += 1;
+        let st = self
+            .post_and_wait(
+                Action::PostRead {
+                    dest,
+                    off: 0,
+                    len,
+                    remote_addr,
+                    rkey,
+                    wr_id,
+                },
+                wr_id,
+            )
+            .await?;
+        // Completed (or flushed): the NIC is done with the buffer.
+        let bytes = self
+            .hs
+            .res
+            .mem
+            .take_dest(dest)
+            .map_err(Error::ResourceLimit)?;
+        Ok((st.clone(), st.ok().then_some(bytes)))
+    }
+
     /// The next SEND received from the listener (header included), or `None`
     /// when nothing arrives within `limit` or the connection is gone.
     ///

@@ -1764,3 +1764,137 @@ mod one_sided {
         .expect("timeout");
     }
 }
+
+/// Wire §5.6: a peer that announces a body for reading and gives a key
+/// and address it never exposed: the listener's READ fails at the NIC,
+/// nothing is delivered, only that connection ends, and other clients
+/// are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn an_announcement_of_a_body_never_exposed_ends_only_that_connection() {
+    let Some(ip) = device_ip("an_announcement_of_a_body_never_exposed_ends_only_that_connection")
+    else {
+        return;
+    };
+    within(120, "forged read announcement", async {
+        let case = "RDV_READ of memory never exposed";
+        let server = EchoServer::start(ip, static_cfg()).await;
+        let (mut p, me) = raw(&server, |h| h.flags |= wire::HELLO_FLAG_READ).await;
+        let st = p
+            .send_header(Kind::RdvRead, |h| {
+                h.addr = 0x7000_0000;
+                h.len = 0x1234_5678;
+                h.total_len = 600 << 10;
+                h.rdv_index = 1;
+            })
+            .await
+            .unwrap();
+        assert!(st.ok(), "{case}: {st:?}");
+        // On iWARP the responder answers the bad READ with a TERMINATE,
+        // which ends the connection: the READ's failure reads as the peer
+        // gone.
+        match server.outcome(me).await {
+            Outcome::Failed(e @ Error::Completion { .. }) => {
+                println!("{case}: the listener's READ failed: {e}")
+            }
+            Outcome::Failed(e @ Error::Disconnected) if iwarp() => {
+                println!("{case}: iWARP: the listener's READ ended the connection: {e}")
+            }
+            o => panic!("{case}: expected the READ to fail, got {o:?}"),
+        }
+        // Nothing was echoed: the only message was never delivered.
+        while let Some(m) = p.recv(Duration::from_millis(200)).await.unwrap() {
+            let k = Header::decode(&m).unwrap().kind;
+            assert!(
+                !matches!(k, Kind::Eager | Kind::Chunk | Kind::RdvRead),
+                "{case}: something was echoed: {k:?}"
+            );
+        }
+        server.others_still_work(case).await;
+    })
+    .await;
+}
+
+/// The raw peer announces a body of `len` bytes (§5.6); the listener
+/// reads it and echoes it, announced for reading in turn: that
+/// announcement, and the body.
+async fn read_echo(p: &mut RawPeer, seed: u64, len: usize, what: &str) -> (Header, bytes::Bytes) {
+    let body = pattern(seed, len);
+    let (st, _) = p.announce_read(&body).await.unwrap();
+    assert!(st.ok(), "{what}: announcement: {st:?}");
+    let m = recv_kind(p, Kind::RdvRead, "the echo's announcement").await;
+    (Header::decode(&m).unwrap(), body)
+}
+
+/// Wire §5.6: a body the listener announces for reading is readable by
+/// that peer alone, exactly as announced, and only until the peer's
+/// RDV_DONE: a READ past its end or with another key is refused by the
+/// NIC (ending that connection), a READ of it returns it intact, and the
+/// same READ after RDV_DONE is refused. In a PD of the connection's own
+/// (a static region) the body is an MR with remote read; in a device's
+/// shared PD (memory on demand, rxe) a window bound to the connection's QP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn announced_bodies_are_readable_only_as_announced_and_until_done() {
+    let Some(ip) = device_ip("announced_bodies_are_readable_only_as_announced_and_until_done")
+    else {
+        return;
+    };
+    within(240, "reads of announced bodies", async {
+        for (what, cfg) in [("static", static_cfg()), ("on demand", Config::default())] {
+            let server = EchoServer::start(ip, cfg).await;
+            let len = 600 << 10;
+            for (i, case) in ["past its end", "another key"].into_iter().enumerate() {
+                let case = format!("{what}: a READ {case}");
+                let (mut p, me) = raw(&server, |h| h.flags |= wire::HELLO_FLAG_READ).await;
+                let (h, _) = read_echo(&mut p, i as u64, len, what).await;
+                assert_eq!(h.total_len, len as u64);
+                let (addr, rkey) = if i == 0 {
+                    (h.addr + h.total_len - 8, h.len)
+                } else {
+                    (h.addr, h.len ^ 0x100)
+                };
+                let (st, got) = p.read(16, addr, rkey).await.unwrap();
+                assert!(got.is_none() && !st.ok(), "{case}: READ succeeded: {st:?}");
+                println!("{case}: refused: {st:?}");
+                // The reader's QP is in the error state; the listener's
+                // connection ends when it next hears (or fails to hear)
+                // from it: here at once, by the reader's disconnect.
+                drop(p);
+                match server.outcome(me).await {
+                    Outcome::Failed(e) => println!("{case}: listener side ended with: {e}"),
+                    o => panic!("{case}: listener side ended {o:?}"),
+                }
+            }
+            let case = format!("{what}: the announced READ, then the same after RDV_DONE");
+            let (mut p, me) = raw(&server, |h| h.flags |= wire::HELLO_FLAG_READ).await;
+            let (h, body) = read_echo(&mut p, 9, len, what).await;
+            let (st, got) = p.read(len, h.addr, h.len).await.unwrap();
+            assert!(st.ok(), "{case}: {st:?}");
+            assert!(got.unwrap() == body, "{case}: the body read back differs");
+            let st = p
+                .send_header(Kind::RdvDone, |d| d.rdv_index = h.rdv_index)
+                .await
+                .unwrap();
+            assert!(st.ok(), "{case}: RDV_DONE: {st:?}");
+            // An echo after it: the listener has handled the RDV_DONE.
+            let st = p.send_raw(&eager(b"after done")).await.unwrap();
+            assert!(st.ok(), "{case}: {st:?}");
+            let m = recv_kind(&mut p, Kind::Eager, "the echo after RDV_DONE").await;
+            assert_eq!(&m[HDR_LEN..], b"after done");
+            let (st, got) = p.read(16, h.addr, h.len).await.unwrap();
+            assert!(
+                got.is_none() && !st.ok(),
+                "{case}: READ after RDV_DONE: {st:?}"
+            );
+            println!("{case}: refused after RDV_DONE: {st:?}");
+            drop(p);
+            match server.outcome(me).await {
+                Outcome::Failed(e) => println!("{case}: listener side ended with: {e}"),
+                o => panic!("{case}: listener side ended {o:?}"),
+            }
+            server.others_still_work(&case).await;
+        }
+    })
+    .await;
+}

@@ -211,7 +211,10 @@ async fn message_sizes_integrity() {
             after.rendezvous_writes > before.rendezvous_writes,
             "WRITE path taken"
         );
-        assert!(st.rendezvous_writes >= (64 << 20) / cfg.rendezvous_buffer_bytes as u64);
+        // §5.6: the 1 MiB and 64 MiB messages are read by the receiver;
+        // the rendezvous sizes below zero_copy_send_bytes are WRITTEN.
+        assert_eq!(st.reads_announced, 2, "{st:?}");
+        assert!(st.rendezvous_writes >= 2);
         if iwarp() {
             println!("(siw run: inline sends {})", st.inline_sends);
         } else {
@@ -1021,7 +1024,11 @@ async fn large_payloads_are_written_from_where_they_are() {
     let Some(ip) = device_ip("large_payloads_are_written_from_where_they_are") else {
         return;
     };
-    let cfg = Config::default();
+    // The WRITE path (§5.1): reading by the receiver (§5.6) off.
+    let cfg = Config {
+        read_rendezvous: false,
+        ..Config::default()
+    };
     let min = cfg.zero_copy_send_bytes;
     assert!(min > 0, "on by default");
     tokio::time::timeout(Duration::from_secs(120), async {
@@ -1063,7 +1070,7 @@ async fn large_payloads_are_written_from_where_they_are() {
         let base = registered_bytes();
         let capped = Config {
             global_max_registered_bytes: base + (24 << 20),
-            ..Config::default()
+            ..cfg.clone()
         };
         let (c, s) = pair(ip, &capped).await;
         let cst = c.stats();
@@ -1083,6 +1090,95 @@ async fn large_payloads_are_written_from_where_they_are() {
     .expect("timeout");
 }
 
+/// Messages read by the receiver (wire §5.6), on by default: a payload of
+/// at least `zero_copy_send_bytes` is announced by RDV_READ and RDMA-READ
+/// by the receiver into a buffer of its own, handed up as it is; a smaller
+/// one is WRITTEN. Every message arrives intact and in order; a message
+/// the application keeps never changes while later ones arrive; buffers
+/// the application dropped are reused (a stream of 1 MiB messages takes a
+/// registration per message on the sender's side only), and none is left
+/// registered once the connections are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn large_payloads_are_read_by_the_receiver() {
+    let Some(ip) = device_ip("large_payloads_are_read_by_the_receiver") else {
+        return;
+    };
+    let in_use = || registered_bytes() - rdma_transport::pool_idle_bytes();
+    let base = in_use();
+    let cfg = Config::default();
+    assert!(cfg.read_rendezvous, "on by default");
+    let min = cfg.zero_copy_send_bytes;
+    tokio::time::timeout(Duration::from_secs(120), async {
+        let (c, s) = pair(ip, &cfg).await;
+        let (cst, sst) = (c.stats(), s.stats());
+        let (mut tx, _crx) = c.split();
+        let (_stx, mut rx) = s.split();
+        // (head, body): WRITTEN, read, read with a head, read.
+        let msgs = [(0, min - 1), (0, min), (6, 8 << 20), (0, 3 * min + 5)];
+        for (i, &(h, n)) in msgs.iter().enumerate() {
+            let m = pattern(i as u64, h + n);
+            let (head, body) = (m.slice(..h), m.slice(h..));
+            drop(m);
+            tx.send_parts(head, body).await.expect("send");
+        }
+        let mut got = Vec::new();
+        for (i, &(h, n)) in msgs.iter().enumerate() {
+            let m = rx.recv().await.expect("recv").expect("message");
+            assert!(m == pattern(i as u64, h + n), "content of message {i}");
+            got.push(m);
+        }
+        let (c, r) = (cst.snapshot(), sst.snapshot());
+        let bodies: usize = msgs.iter().filter(|m| m.1 >= min).map(|m| m.1).sum();
+        assert_eq!(c.reads_announced, 3, "{c:?}");
+        assert_eq!(r.read_bytes, bodies as u64, "{r:?}");
+        assert_eq!(
+            c.rendezvous_zero_copy_bytes, 0,
+            "nothing WRITTEN from a source"
+        );
+        assert!(
+            c.rendezvous_bytes >= (min - 1) as u64,
+            "the small one WRITTEN"
+        );
+        // Kept: message 2 (8 MiB, read). Later messages never change it.
+        let kept = got.swap_remove(2);
+        drop(got);
+        let regs = global_stats().memory_registrations;
+        for i in 0..20u64 {
+            tx.send(pattern(100 + i, 1 << 20)).await.expect("send");
+            let m = rx.recv().await.expect("recv").expect("message");
+            assert!(
+                m == pattern(100 + i, 1 << 20),
+                "content of 1 MiB message {i}"
+            );
+        }
+        let new_regs = global_stats().memory_registrations - regs;
+        println!("20 read messages of 1 MiB: {new_regs} registrations");
+        assert!(
+            new_regs <= 20 + 2,
+            "the receiver's buffers are reused: {new_regs} registrations"
+        );
+        assert!(
+            kept == pattern(2, 6 + (8 << 20)),
+            "a kept message never changes"
+        );
+        drop((tx, rx, kept));
+    })
+    .await
+    .expect("timeout");
+    for _ in 0..200 {
+        if in_use() <= base {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        in_use(),
+        base,
+        "every registration went with its connection"
+    );
+}
+
 /// Zero-copy send (wire §5.1) when the receiver goes away mid-stream: the
 /// sender's payloads are registered and posted when the peer's connection
 /// is dropped; the sender gets an error, not a hang, and every source
@@ -1098,10 +1194,21 @@ async fn a_receiver_gone_mid_stream_leaves_no_source_registered() {
         return;
     };
     let in_use = || registered_bytes() - rdma_transport::pool_idle_bytes();
+    // Bodies WRITTEN from where they are (§5.1), then bodies the receiver
+    // reads (§5.6).
+    for read in [false, true] {
+        gone_mid_stream(ip, read, in_use).await;
+    }
+}
+
+async fn gone_mid_stream(ip: IpAddr, read: bool, in_use: impl Fn() -> usize) {
     let base = in_use();
-    let cfg = Config::default();
+    let cfg = Config {
+        read_rendezvous: read,
+        ..Config::default()
+    };
     tokio::time::timeout(Duration::from_secs(90), async {
-        let zc_before = global_stats().rendezvous_zero_copy_bytes;
+        let zc_before = global_stats();
         let (c, s) = pair(ip, &cfg).await;
         let (mut tx, crx) = c.split();
         let (stx, mut rx) = s.split();
@@ -1127,10 +1234,18 @@ async fn a_receiver_gone_mid_stream_leaves_no_source_registered() {
             ),
             "{err:?}"
         );
-        assert!(
-            global_stats().rendezvous_zero_copy_bytes > zc_before,
-            "payloads went zero-copy"
-        );
+        let now = global_stats();
+        if read {
+            assert!(
+                now.reads_announced > zc_before.reads_announced,
+                "payloads announced for reading"
+            );
+        } else {
+            assert!(
+                now.rendezvous_zero_copy_bytes > zc_before.rendezvous_zero_copy_bytes,
+                "payloads went zero-copy"
+            );
+        }
         drop((tx, crx));
     })
     .await
@@ -1144,7 +1259,7 @@ async fn a_receiver_gone_mid_stream_leaves_no_source_registered() {
     assert_eq!(
         in_use(),
         base,
-        "every registration went with its connection"
+        "read {read}: every registration went with its connection"
     );
 }
 

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::config::Config;
 use crate::engine::wire::{
-    Hello, HELLO_FLAG_COVERS, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_REVOCABLE, HELLO_FLAG_WRITE_IMM,
-    VERSION,
+    Hello, HELLO_FLAG_COVERS, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_READ, HELLO_FLAG_REVOCABLE,
+    HELLO_FLAG_WRITE_IMM, VERSION,
 };
 use crate::engine::EngineConfig;
 use crate::error::Error;
@@ -254,6 +254,11 @@ pub(super) fn build_resources(
         // §4.7: and we answer a peer's credit revoke.
         flags |= HELLO_FLAG_ON_DEMAND | HELLO_FLAG_REVOCABLE;
     }
+    if cfg.read_rendezvous {
+        // §5.6: we read the peer's large messages, and offer ours.
+        flags |= HELLO_FLAG_READ;
+    }
+    mem.set_read_cache_bytes(cfg.read_cache_bytes);
     let hello = Hello {
         version: VERSION,
         flags,
@@ -296,6 +301,7 @@ pub(super) fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> Engin
         max_inline,
         write_imm: res.hello.flags & peer.flags & HELLO_FLAG_WRITE_IMM != 0,
         covers: res.hello.flags & peer.flags & HELLO_FLAG_COVERS != 0,
+        read_rdv: res.hello.flags & peer.flags & HELLO_FLAG_READ != 0,
         zero_length_write_any_rkey: !res.iwarp,
         // §4.7: only a shared receive queue can take receives back.
         revoke_idle: res.mem.is_shared(),

@@ -13,7 +13,14 @@ impl Engine {
 
     /// CLOSE posted and every send-queue work request completed.
     pub fn close_flushed(&self) -> bool {
-        self.close_sent && self.pending.is_empty() && self.records.is_empty()
+        self.close_sent
+            && self.pending.is_empty()
+            && self.records.is_empty()
+            // §5.6: the peer read what we announced, we read what it did
+            // and told it so.
+            && self.exposed.is_empty()
+            && self.reads.is_empty()
+            && self.done_due.is_empty()
     }
 
     /// CLOSE flushed and the peer confirmed it received it (and therefore
@@ -43,10 +50,11 @@ impl Engine {
             self.peer_saw_close = true;
         }
         // §6, §5.5: after CLOSE only messages that serve the other
-        // direction: returns, and our region's grant, revoke and release.
+        // direction: returns, our region's grant, revoke and release, and
+        // the answer to a message we announced for reading (§5.6).
         let control = matches!(
             h.kind,
-            Kind::Credit | Kind::RdvGrant | Kind::RdvRevoke | Kind::RdvRelease
+            Kind::Credit | Kind::RdvGrant | Kind::RdvRevoke | Kind::RdvRelease | Kind::RdvDone
         );
         if self.peer_closed && !control {
             return Self::proto(PeerMisbehaved::AfterClose {
@@ -65,7 +73,7 @@ impl Engine {
         self.peer_closed = true;
         // §6: confirm promptly so the peer may disconnect.
         self.force_credit = true;
-        self.events.push_back(Event::PeerClosed);
+        self.deliver(Event::PeerClosed);
         self.owed_data += 1;
         Ok(())
     }

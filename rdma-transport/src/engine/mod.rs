@@ -16,6 +16,7 @@
 //!   keepalives (§4.4),
 //! * `rendezvous`: chunks written into the peer's region and landed in
 //!   ours (§5), and the regions on demand (§5.5),
+//! * `read`: messages the receiver reads (§5.6),
 //! * `close`: CLOSE and its confirmation (§6),
 //! * `idle`: what an idle interval gives back (memory on demand, §5.5),
 //! * `clock`: time as an input: setup kicks, keepalive, idle release and
@@ -31,6 +32,7 @@ mod clock;
 mod close;
 mod credits;
 mod idle;
+mod read;
 mod reasm_buf;
 mod recv_buf;
 mod recv_ring;
@@ -44,6 +46,8 @@ use bytes::{Bytes, BytesMut};
 
 pub use self::clock::{Fired, TimerConfig, SETUP_KICK_FIRST, SETUP_KICK_LAST};
 use self::credits::Revoke;
+pub use self::read::Exposure;
+use self::read::{Inbound, ReadJob};
 use self::rendezvous::{LocalRdv, PeerRdv, Reassembly};
 use self::send_ring::{Held, Outgoing};
 use self::wire::{Hello, HDR_LEN};
@@ -121,6 +125,37 @@ pub trait Buffers {
     /// Every work request reading source `id` has completed: its
     /// registration and its bytes may go.
     fn release_source(&mut self, _id: u32) {}
+    /// §5.6: makes `body`, the payload of a message the peer will read,
+    /// readable by the peer's RDMA READs on this connection and by nothing
+    /// else (no write access), keeping it (a clone) until
+    /// [`release_source`](Self::release_source); `None` to send it by
+    /// WRITE instead (registration failed, or the cap is reached).
+    fn expose_source(&mut self, _body: &Bytes) -> Option<Exposure> {
+        None
+    }
+    /// §5.6: a buffer of our own of `head.len() + len` bytes, registered
+    /// for our READ alone (the peer has no key to it), starting with
+    /// `head`; the engine READs the body into it after `head`.
+    ///
+    /// # Errors
+    ///
+    /// What could not be registered ([`ResourceError`]).
+    fn open_dest(&mut self, _head: &[u8], _len: usize) -> Result<u32, ResourceError> {
+        Err(ResourceError::Other(
+            "no memory for messages read from the peer".into(),
+        ))
+    }
+    /// §5.6: the READ into destination `id` completed: the whole buffer,
+    /// handed up (the engine never touches it again).
+    ///
+    /// # Errors
+    ///
+    /// The buffer could not be deregistered ([`ResourceError`]).
+    fn take_dest(&mut self, _id: u32) -> Result<Bytes, ResourceError> {
+        Err(ResourceError::Other(
+            "no memory for messages read from the peer".into(),
+        ))
+    }
 }
 
 /// Most a rendezvous message reserves before its data arrived (§5.3).
@@ -191,6 +226,34 @@ pub enum Action {
         imm: Option<u32>,
         /// Zero-copy send (§5.1): the registered message the bytes come from.
         source: Option<WriteSource>,
+    },
+    /// §5.6: bind the memory window of exposed source `id`
+    /// ([`Buffers::expose_source`]) on our queue pair, with the rkey it
+    /// chose: posted before the RDV_READ that announces it.
+    BindSource {
+        /// The exposed source.
+        id: u32,
+        /// Work request id.
+        wr_id: u64,
+        /// Request a completion.
+        signaled: bool,
+    },
+    /// §5.6: RDMA READ `len` bytes at (`remote_addr`, `rkey`) into read
+    /// destination `dest` ([`Buffers::open_dest`]) from offset `off`;
+    /// always signalled.
+    PostRead {
+        /// Destination.
+        dest: u32,
+        /// Offset in it.
+        off: usize,
+        /// Bytes.
+        len: usize,
+        /// Peer virtual address.
+        remote_addr: u64,
+        /// Peer rkey.
+        rkey: u32,
+        /// Work request id.
+        wr_id: u64,
     },
 }
 
@@ -308,6 +371,10 @@ pub struct EngineConfig {
     /// Both hellos offered RDMA WRITE with immediate data (§2.1 flags,
     /// §5.4): chunks are notified by the WRITE's immediate, not a SEND.
     pub write_imm: bool,
+    /// Both hellos offered reading (§2.1 flags, §5.6): a rendezvous body of
+    /// at least `zero_copy_min` bytes is announced by RDV_READ and read by
+    /// the receiver, and the peer's are read.
+    pub read_rdv: bool,
     /// Both hellos offered covering notifications (§2.1 flags, §5.4): one
     /// notification (an immediate, or a CHUNK SEND) may notify the chunks
     /// WRITTEN before it.
@@ -377,6 +444,10 @@ pub struct EngineCounters {
     /// Credit revokes the peer released: the receive ring went back to its
     /// initial size (§4.7).
     pub credit_revokes: u64,
+    /// Messages announced by RDV_READ for the peer to read (§5.6).
+    pub read_announced: u64,
+    /// Bytes read from the peer by RDMA READ (§5.6).
+    pub read_bytes: u64,
 }
 
 /// The per-connection protocol state machine.
@@ -416,6 +487,12 @@ pub struct Engine {
     pending: VecDeque<Outgoing>,
     pending_bytes: usize,
     close_sent: bool,
+    /// §5.6: ids of the bodies announced by RDV_READ and not answered.
+    exposed: Vec<u32>,
+    /// §5.6: messages being read from the peer, in order.
+    reads: VecDeque<ReadJob>,
+    /// §5.6: RDV_DONEs to send.
+    done_due: VecDeque<u32>,
     // --- receive side (§4.3, §5.3) ---
     recv_gen: Vec<u32>,
     /// Receive slots posted (`0..recv_active`) = the peer's credit limit.
@@ -459,7 +536,9 @@ pub struct Engine {
     timers: clock::Timers,
     // --- outputs ---
     actions: Vec<Action>,
-    events: VecDeque<Event>,
+    /// Events in order, a message being read (§5.6) holding back those
+    /// behind it.
+    inbox: VecDeque<Inbound>,
     /// Counters.
     pub counters: EngineCounters,
 }
@@ -512,6 +591,9 @@ impl Engine {
             pending: VecDeque::new(),
             pending_bytes: 0,
             close_sent: false,
+            exposed: Vec::new(),
+            reads: VecDeque::new(),
+            done_due: VecDeque::new(),
             recv_gen: vec![0; cfg.recv_slots as usize],
             recv_active: if cfg.on_demand {
                 initial_recv
@@ -546,7 +628,7 @@ impl Engine {
             heard: false,
             timers: clock::Timers::default(),
             actions: Vec::new(),
-            events: VecDeque::new(),
+            inbox: VecDeque::new(),
             counters: EngineCounters::default(),
             cfg,
         };
@@ -601,7 +683,13 @@ impl Engine {
 
     /// Takes the next event.
     pub fn next_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        if !matches!(self.inbox.front(), Some(Inbound::Ready(_))) {
+            return None;
+        }
+        match self.inbox.pop_front() {
+            Some(Inbound::Ready(ev)) => Some(ev),
+            _ => None,
+        }
     }
 
     /// Handles one completion. Receive payloads are copied out and the slot
@@ -652,6 +740,8 @@ impl Engine {
         self.grow_send_ring(bufs);
         self.post_credit_control(bufs);
         self.post_rdv_control(bufs)?;
+        self.post_reads();
+        self.post_read_done(bufs);
         self.post_pending(bufs)?;
         self.post_keepalive();
         self.post_credit_message(bufs);

@@ -85,7 +85,7 @@ impl Engine {
                 let msg = super::recv_buf::copy_out(&bufs.recv_slot(slot)[HDR_LEN..len]);
                 self.counters.msgs_recv += 1;
                 self.counters.bytes_recv += msg.len() as u64;
-                self.events.push_back(Event::Message(msg));
+                self.deliver(Event::Message(msg));
                 self.owed_data += 1;
             }
             Kind::Chunk => {
@@ -97,6 +97,11 @@ impl Engine {
             Kind::RdvGrant => self.on_rdv_grant(&h)?,
             Kind::RdvRevoke => self.on_rdv_revoke(&h)?,
             Kind::RdvRelease => self.on_rdv_release(&h, bufs)?,
+            Kind::RdvRead => {
+                self.on_rdv_read(&h, slot, len, bufs)?;
+                self.owed_data += 1;
+            }
+            Kind::RdvDone => self.on_rdv_done(&h, bufs)?,
             Kind::Close => self.on_peer_close()?,
         }
         self.repost(slot, gen)

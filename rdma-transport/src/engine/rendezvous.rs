@@ -356,7 +356,7 @@ impl Engine {
             let msg = reasm_buf::finish(r.buf);
             self.counters.msgs_recv += 1;
             self.counters.bytes_recv += msg.len() as u64;
-            self.events.push_back(Event::Message(msg));
+            self.deliver(Event::Message(msg));
         }
     }
 

@@ -13,6 +13,8 @@ use super::{
 pub(super) enum Held {
     Slot(u32),
     Staging(u32),
+    /// §5.6: a READ of the oldest message being read.
+    Read,
 }
 
 pub(super) enum Outgoing {
@@ -102,7 +104,9 @@ impl Engine {
             && (self.close_sent
                 || self.free_send.len() < 2
                 || !self.sq_room(3)
-                || (!self.pending.is_empty() && self.free_staging.is_empty()))
+                || (!self.pending.is_empty() && self.free_staging.is_empty())
+                // §5.6: a READ's completion delivers its message.
+                || !self.reads.is_empty())
     }
 
     /// A send-queue completion: frees the send slots, staging buffers and
@@ -130,6 +134,7 @@ impl Engine {
             match held {
                 Some(Held::Slot(i)) => self.free_send.push_back(i),
                 Some(Held::Staging(i)) => self.free_staging.push_back(i),
+                Some(Held::Read) => self.finish_read(bufs)?,
                 None => {}
             }
         }
@@ -252,6 +257,12 @@ impl Engine {
         loop {
             if !self.data_room() {
                 break;
+            }
+            // §5.6: a large body the peer reads, announced by RDV_READ.
+            match self.announce_read(bufs) {
+                Some(true) => continue,
+                Some(false) => break,
+                None => {}
             }
             let mid = self.mid_message();
             let region = match self.peer_rdv {

@@ -10,6 +10,10 @@ use super::wire::{Header, Hello, Kind, FLAG_CLOSE_SEEN, FLAG_LAST, HDR_LEN, VERS
 use super::*;
 
 const RDV_BASE: u64 = 0x10_0000_0000;
+/// §5.6: where the fake "NIC" places exposed bodies: source `id` at
+/// `EXPOSED_BASE + id << 32`, readable with rkey `EXPOSED_RKEY + id`.
+const EXPOSED_BASE: u64 = 0x20_0000_0000;
+const EXPOSED_RKEY: u32 = 0x5000;
 
 /// The fake registered memory: whole pools, plus what memory on demand
 /// has "registered" (§4.6, §5.5); using anything not registered panics,
@@ -38,6 +42,11 @@ struct Mem {
     sources: Vec<Option<Bytes>>,
     /// register_source refuses (a registration that fails: the copy).
     refuse_sources: bool,
+    /// §5.6: which sources are exposed for the peer's READs, and whether
+    /// their window has been bound (a READ before the bind fails).
+    exposed: Vec<Option<bool>>,
+    /// §5.6: our READs' destinations (`None` once taken).
+    dests: Vec<Option<Vec<u8>>>,
 }
 
 impl Buffers for Mem {
@@ -129,6 +138,39 @@ impl Buffers for Mem {
         let s = &mut self.sources[id as usize];
         assert!(s.is_some(), "source {id} released twice");
         *s = None;
+        if let Some(x) = self.exposed.get_mut(id as usize) {
+            *x = None;
+        }
+    }
+    fn expose_source(&mut self, body: &Bytes) -> Option<Exposure> {
+        if self.refuse_sources {
+            return None;
+        }
+        let id = self.sources.len() as u32;
+        self.sources.push(Some(body.clone()));
+        self.exposed.resize(id as usize + 1, None);
+        self.exposed[id as usize] = Some(false);
+        Some(Exposure {
+            id,
+            addr: EXPOSED_BASE + (u64::from(id) << 32),
+            rkey: EXPOSED_RKEY + id,
+            bind: true,
+        })
+    }
+    fn open_dest(&mut self, head: &[u8], len: usize) -> Result<u32, ResourceError> {
+        if self.refuse {
+            return Err(ResourceError::Other("over the cap".into()));
+        }
+        let mut v = vec![0xAB; head.len() + len];
+        v[..head.len()].copy_from_slice(head);
+        self.dests.push(Some(v));
+        Ok(self.dests.len() as u32 - 1)
+    }
+    fn take_dest(&mut self, id: u32) -> Result<Bytes, ResourceError> {
+        let v = self.dests[id as usize]
+            .take()
+            .expect("a destination taken once");
+        Ok(Bytes::from(v))
     }
 }
 
@@ -154,6 +196,8 @@ struct P {
     revoke: bool,
     /// Zero-copy send from this body size on (§5.1; 0: never).
     zero_copy: usize,
+    /// Offers reading messages (§5.6).
+    read: bool,
 }
 
 impl P {
@@ -173,6 +217,7 @@ impl P {
             zero_write: true,
             revoke: false,
             zero_copy: 0,
+            read: false,
         }
     }
     /// Memory on demand, rings starting at 4 of 8 slots.
@@ -205,7 +250,7 @@ impl P {
                 wire::HELLO_FLAG_ON_DEMAND | wire::HELLO_FLAG_REVOCABLE
             } else {
                 0
-            },
+            } | if self.read { wire::HELLO_FLAG_READ } else { 0 },
             credits: self.start_slots(),
             recv_slot_bytes: self.slot as u32,
             rdv_count: self.rdv_count,
@@ -236,6 +281,8 @@ impl P {
             shrinks: 0,
             sources: Vec::new(),
             refuse_sources: false,
+            exposed: Vec::new(),
+            dests: Vec::new(),
         }
     }
     fn engine(&self, peer: &P) -> Engine {
@@ -259,6 +306,7 @@ impl P {
             max_inline: self.inline,
             write_imm: self.imm && peer.imm,
             covers: self.covers && peer.covers,
+            read_rdv: self.read && peer.read,
             zero_length_write_any_rkey: self.zero_write,
             revoke_idle: self.revoke,
             peer: peer.hello(),
@@ -283,6 +331,17 @@ enum Op {
         signaled: bool,
         imm: Option<u32>,
         source: Option<WriteSource>,
+    },
+    /// §5.6: a window bound over exposed source `id`.
+    Bind { id: u32, wr_id: u64, signaled: bool },
+    /// §5.6: a READ of the peer's exposed body into destination `dest`.
+    Read {
+        dest: u32,
+        off: usize,
+        len: usize,
+        addr: u64,
+        rkey: u32,
+        wr_id: u64,
     },
 }
 
@@ -367,6 +426,30 @@ impl Side {
                     signaled,
                     imm,
                     source,
+                }),
+                Action::BindSource {
+                    id,
+                    wr_id,
+                    signaled,
+                } => self.wire.push_back(Op::Bind {
+                    id,
+                    wr_id,
+                    signaled,
+                }),
+                Action::PostRead {
+                    dest,
+                    off,
+                    len,
+                    remote_addr,
+                    rkey,
+                    wr_id,
+                } => self.wire.push_back(Op::Read {
+                    dest,
+                    off,
+                    len,
+                    addr: remote_addr,
+                    rkey,
+                    wr_id,
                 }),
             }
         }
@@ -555,6 +638,60 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
                     imm: Imm::None,
                 });
             }
+        }
+        Op::Bind {
+            id,
+            wr_id,
+            signaled,
+        } => {
+            let x = from.mem.exposed[id as usize]
+                .as_mut()
+                .expect("a bind of a released source");
+            *x = true;
+            if signaled {
+                from.cq.push_back(Completion {
+                    wr_id,
+                    ok: true,
+                    status: 0,
+                    byte_len: 0,
+                    imm: Imm::None,
+                });
+            }
+        }
+        Op::Read {
+            dest,
+            off,
+            len,
+            addr,
+            rkey,
+            wr_id,
+        } => {
+            // The peer's body, read at execution time: one released (or
+            // not yet bound) before the READ executes panics.
+            let id = rkey.wrapping_sub(EXPOSED_RKEY);
+            assert_eq!(
+                to.mem.exposed.get(id as usize).copied().flatten(),
+                Some(true),
+                "READ of a body not exposed, released, or not bound yet"
+            );
+            let at = addr
+                .checked_sub(EXPOSED_BASE + (u64::from(id) << 32))
+                .expect("READ below the body") as usize;
+            let body = to.mem.sources[id as usize]
+                .clone()
+                .expect("READ of a released source");
+            assert!(at + len <= body.len(), "READ beyond the body");
+            let d = from.mem.dests[dest as usize]
+                .as_mut()
+                .expect("READ into a destination taken");
+            d[off..off + len].copy_from_slice(&body[at..at + len]);
+            from.cq.push_back(Completion {
+                wr_id,
+                ok: true,
+                status: 0,
+                byte_len: len as u32,
+                imm: Imm::None,
+            });
         }
     }
     true
@@ -751,12 +888,19 @@ fn run_pair(pa: P, pb: P, a_msgs: &[usize], b_msgs: &[usize], seed: u64) -> (Sid
         b.e.peer_saw_close,
         b.e.records
     );
-    // §5.1: every zero-copy source released once its WRITEs completed.
+    // §5.1: every zero-copy source released once its WRITEs completed;
+    // §5.6: every exposed one once read, every destination handed up.
     for side in [&a, &b] {
         assert!(
             side.mem.sources.iter().all(Option::is_none),
             "a source kept"
         );
+        assert!(
+            side.mem.dests.iter().all(Option::is_none),
+            "a destination kept"
+        );
+        assert_eq!(side.e.reads_announced(), 0);
+        assert_eq!(side.e.reads_in_progress(), 0);
     }
     // Credit conservation at quiescence (§4.2): what a holds + what b owes
     // == b's receive ring.
@@ -1462,6 +1606,10 @@ proptest! {
         // §5.1: zero-copy send on either side.
         pa.zero_copy = if seed & 512 != 0 { 3000 } else { 0 };
         pb.zero_copy = if seed & 1024 != 0 { 1 } else { 0 };
+        // §5.6: messages read by the receiver where both offer it (any
+        // mix of offers; without zero-copy send nothing is announced).
+        pa.read = seed & 2048 != 0;
+        pb.read = seed & 4096 != 0;
         run_pair(pa, pb, &a_msgs, &b_msgs, seed);
     }
 }
@@ -1498,6 +1646,8 @@ proptest! {
             revoke: seed & 2 != 0,
             // §5.1: the larger bodies written from where they are.
             zero_copy: if seed & 4 != 0 { 5000 } else { 0 },
+            // §5.6: and with reading on, read by the receiver instead.
+            read: seed & 8 != 0,
             ..P::on_demand()
         };
         let mut a = Side::new(&p, &p);
@@ -1885,7 +2035,9 @@ fn the_passive_side_answers_the_first_message_at_once() {
                 let at = *slot as usize * b.mem.slot;
                 Header::decode(&b.mem.send[at..at + HDR_LEN]).unwrap().kind
             }
-            Op::Write { .. } => panic!("P wrote before answering"),
+            Op::Write { .. } | Op::Bind { .. } | Op::Read { .. } => {
+                panic!("P wrote before answering")
+            }
         })
         .collect();
     assert_eq!(answers, [Kind::Credit], "P's answer to A's first message");
@@ -2867,7 +3019,7 @@ fn a_large_body_is_written_from_its_source_and_released_after_its_completion() {
             .iter()
             .filter_map(|o| match o {
                 Op::Write { source, len, .. } => Some((*source, *len)),
-                Op::Send { .. } => None,
+                _ => None,
             })
             .collect();
         assert_eq!(
@@ -2994,4 +3146,209 @@ fn only_a_local_wait_asks_for_send_completions() {
         pump(&mut a, &mut b);
         assert_eq!(b.got.len(), 3, "everything arrives");
     }
+}
+
+// ---- messages read by the receiver (§5.6) ----
+
+/// Both sides offer reading: a body at the threshold is announced by one
+/// RDV_READ carrying the head, exposed (its window bound before the
+/// announcement), READ by the receiver into a buffer of its own, handed up
+/// whole, and released after RDV_DONE. No WRITE, no staging buffer.
+#[test]
+fn a_large_body_is_read_by_the_receiver_and_released_after_its_done() {
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    let m = pattern(7, 3 * 4096 + 100);
+    let mut body = m.clone();
+    let head = body.split_to(6);
+    a.e.submit_parts(head.clone(), body.clone());
+    a.e.progress(&mut a.mem).unwrap();
+    a.run_actions();
+    let ops: Vec<_> = a
+        .wire
+        .iter()
+        .map(|o| match o {
+            Op::Bind { .. } => "bind",
+            Op::Send { slot, len, .. } => {
+                let h = Header::decode(&a.mem.send_slot(*slot)[..*len]).unwrap();
+                assert_eq!(h.kind, Kind::RdvRead);
+                assert_eq!(*len, HDR_LEN + head.len(), "the head rides on it");
+                assert_eq!(h.total_len, body.len() as u64);
+                "RDV_READ"
+            }
+            Op::Write { .. } => "write",
+            Op::Read { .. } => "read",
+        })
+        .collect();
+    assert_eq!(ops, ["bind", "RDV_READ"]);
+    pump(&mut a, &mut b);
+    assert_eq!(b.got, [m]);
+    assert!(a.mem.sources[0].is_none(), "released after RDV_DONE");
+    assert_eq!(a.e.counters.read_announced, 1);
+    assert_eq!(a.e.counters.rdv_writes, 0);
+    assert_eq!(b.e.counters.read_bytes, body.len() as u64);
+    assert_eq!(a.mem.staging_opens, 0, "no staging buffer");
+    assert!(b.mem.dests.iter().all(Option::is_none), "handed up");
+}
+
+/// A message being read holds back the ones behind it: the application
+/// sees them in the order they were sent, and the peer's CLOSE last.
+#[test]
+fn messages_behind_a_read_wait_for_it() {
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    let big = pattern(1, 9000);
+    let small = pattern(2, 50);
+    a.e.submit(big.clone());
+    a.e.submit(small.clone());
+    a.e.close();
+    a.e.progress(&mut a.mem).unwrap();
+    a.run_actions();
+    // The RDV_READ, the EAGER and the CLOSE reach b; b's READ has not
+    // executed: nothing is delivered yet.
+    while deliver(&mut a, &mut b) {}
+    b.process(64);
+    assert!(b.got.is_empty() && !b.closed, "held behind the read");
+    assert_eq!(b.e.reads_in_progress(), 1);
+    assert!(
+        b.e.wants_send_completions(),
+        "the READ's completion delivers"
+    );
+    pump(&mut a, &mut b);
+    assert_eq!(b.got, [big, small]);
+    assert!(b.closed);
+}
+
+/// Offered by one side only, or with the body not exposable (a failed
+/// registration), the message goes by WRITE as before.
+#[test]
+fn without_both_offers_or_an_exposure_a_body_is_written() {
+    for (ra, rb, refuse) in [(true, false), (false, true), (true, true)]
+        .into_iter()
+        .zip([false, false, true])
+        .map(|((a, b), r)| (a, b, r))
+    {
+        let pa = P {
+            zero_copy: 5000,
+            read: ra,
+            ..P::small()
+        };
+        let pb = P { read: rb, ..pa };
+        let mut a = Side::new(&pa, &pb);
+        let mut b = Side::new(&pb, &pa);
+        b.e.set_wait_first_recv();
+        a.e.send_initial_credit();
+        a.mem.refuse_sources = refuse;
+        pump(&mut a, &mut b);
+        let m = pattern(4, 9000);
+        a.e.submit(m.clone());
+        pump(&mut a, &mut b);
+        assert_eq!(b.got, [m]);
+        assert_eq!(a.e.counters.read_announced, 0);
+        assert!(a.e.counters.rdv_writes > 0);
+    }
+}
+
+/// At most MAX_READS messages wait for their RDV_DONE; the next waits.
+#[test]
+fn announcements_stop_at_max_reads_until_a_done() {
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        slots: 32,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    let n = wire::MAX_READS as u64 + 2;
+    for i in 0..n {
+        a.e.submit(pattern(i, 6000));
+    }
+    a.e.progress(&mut a.mem).unwrap();
+    a.run_actions();
+    assert_eq!(a.e.reads_announced(), wire::MAX_READS as usize);
+    assert_eq!(a.e.pending_msgs(), 2, "waiting for an RDV_DONE");
+    pump(&mut a, &mut b);
+    assert_eq!(b.got.len() as u64, n);
+    for (i, m) in b.got.iter().enumerate() {
+        assert_eq!(m, &pattern(i as u64, 6000));
+    }
+}
+
+/// The receiver's checks (§5.6), each before anything is registered.
+#[test]
+fn a_bad_rdv_read_or_done_is_a_protocol_error() {
+    use PeerMisbehaved as V;
+    let reader = |read: bool| {
+        let p = P {
+            read,
+            slots: 32,
+            ..P::small()
+        };
+        (p.engine(&p), p.mem())
+    };
+    let mut h = Header::new(Kind::RdvRead);
+    h.addr = 0x1000;
+    h.len = 7;
+    h.total_len = 5000;
+    let once = |h: Header, read: bool| {
+        let (mut e, mut m) = reader(read);
+        inject(&mut e, &mut m, 0, 0, h, &[1, 2, 3]).map(|()| m.dests.len())
+    };
+    assert_eq!(once(h, true), Ok(1), "a destination opened");
+    assert_eq!(
+        once(h, false),
+        Err(EngineError::Protocol(V::ReadNotOffered {
+            kind: "RDV_READ"
+        }))
+    );
+    for (addr, len) in [(0x1000, 0), (u64::MAX - 10, 5000), (0x1000, (1 << 30) + 1)] {
+        let mut x = h;
+        x.addr = addr;
+        x.total_len = len;
+        assert_eq!(
+            once(x, true),
+            Err(EngineError::Protocol(V::ReadRange { addr, len }))
+        );
+    }
+    // An RDV_DONE for nothing we announced.
+    let (mut e, mut m) = reader(true);
+    let mut d = Header::new(Kind::RdvDone);
+    d.rdv_index = 3;
+    assert_eq!(
+        inject(&mut e, &mut m, 0, 0, d, &[]),
+        Err(EngineError::Protocol(V::ReadDoneUnknown { id: 3 }))
+    );
+    // The same id twice while the first is being read.
+    let (mut e, mut m) = reader(true);
+    assert_eq!(inject(&mut e, &mut m, 0, 0, h, &[]), Ok(()));
+    assert_eq!(
+        inject(&mut e, &mut m, 1, 0, h, &[]),
+        Err(EngineError::Protocol(V::ReadIdInUse { id: 0 }))
+    );
+    // More than MAX_READS at once.
+    let (mut e, mut m) = reader(true);
+    for i in 0..wire::MAX_READS {
+        let mut x = h;
+        x.rdv_index = i;
+        assert_eq!(inject(&mut e, &mut m, i, 0, x, &[]), Ok(()));
+    }
+    let mut x = h;
+    x.rdv_index = 99;
+    assert_eq!(
+        inject(&mut e, &mut m, wire::MAX_READS, 0, x, &[]),
+        Err(EngineError::Protocol(V::TooManyReads {
+            max: wire::MAX_READS
+        }))
+    );
 }

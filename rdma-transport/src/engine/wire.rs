@@ -43,6 +43,14 @@ pub enum Kind {
     RdvRevoke = 7,
     /// The region granted last is no longer used: it may be deregistered (§5.5).
     RdvRelease = 8,
+    /// "Read this message" (§5.6): the message's body waits at `addr`
+    /// (`total_len` bytes, rkey in `len`) for the receiver's RDMA READ; the
+    /// SEND's bytes after the header are the message's first bytes;
+    /// `rdv_index` names it in the RDV_DONE that answers.
+    RdvRead = 9,
+    /// "Read it" (§5.6): the body announced by the RDV_READ whose
+    /// `rdv_index` this carries is read; its memory may go.
+    RdvDone = 10,
 }
 
 impl Kind {
@@ -56,6 +64,8 @@ impl Kind {
             6 => Kind::RdvGrant,
             7 => Kind::RdvRevoke,
             8 => Kind::RdvRelease,
+            9 => Kind::RdvRead,
+            10 => Kind::RdvDone,
             _ => return None,
         })
     }
@@ -71,6 +81,8 @@ impl Kind {
             Kind::RdvGrant => "RDV_GRANT",
             Kind::RdvRevoke => "RDV_REVOKE",
             Kind::RdvRelease => "RDV_RELEASE",
+            Kind::RdvRead => "RDV_READ",
+            Kind::RdvDone => "RDV_DONE",
         }
     }
 }
@@ -129,6 +141,18 @@ pub const HELLO_FLAG_REMOTE: u16 = 32;
 /// gave. Like [`HELLO_FLAG_TICKET`] a property of the blob: a decoded
 /// [`Hello`]'s `flags` never hold it, and it never comes with a ticket.
 pub const HELLO_FLAG_SIDE: u16 = 64;
+/// Hello flag bit: the sender reads a message its peer announces with
+/// RDV_READ, and announces its own large messages that way if the peer
+/// sets it too (§5.6: the receiver pulls the body by RDMA READ into
+/// memory of its own, which the peer cannot write).
+pub const HELLO_FLAG_READ: u16 = 128;
+/// Messages a side may have announced by RDV_READ and not yet seen
+/// answered by RDV_DONE (§5.6); also the RDMA READs each side lets the
+/// other have outstanding on its queue pair.
+pub const MAX_READS: u32 = 8;
+/// The largest body a message announced by RDV_READ may have (§5.6): one
+/// RDMA READ, within every device's message size.
+pub const READ_MAX: u64 = 1 << 30;
 /// Every flag a [`Hello`]'s `flags` may hold; [`Hello::validate`] refuses
 /// any other bit. On the wire [`HELLO_FLAG_TICKET`] and [`HELLO_FLAG_SIDE`]
 /// are known too ([`HELLO_WIRE_FLAGS_KNOWN`]).
@@ -136,7 +160,8 @@ pub const HELLO_FLAGS_KNOWN: u16 = HELLO_FLAG_WRITE_IMM
     | HELLO_FLAG_ON_DEMAND
     | HELLO_FLAG_REVOCABLE
     | HELLO_FLAG_COVERS
-    | HELLO_FLAG_REMOTE;
+    | HELLO_FLAG_REMOTE
+    | HELLO_FLAG_READ;
 /// Every flag bit a hello blob may carry (§2.1); any other bit is refused.
 pub const HELLO_WIRE_FLAGS_KNOWN: u16 = HELLO_FLAGS_KNOWN | HELLO_FLAG_TICKET | HELLO_FLAG_SIDE;
 
@@ -633,8 +658,8 @@ mod tests {
         };
         type Case = (fn(&mut Hello), PeerMisbehaved);
         let cases: [Case; 10] = [
-            (|h| h.flags = 128, range("flags", 128, 0, 127)),
-            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 127)),
+            (|h| h.flags = 256, range("flags", 256, 0, 255)),
+            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 255)),
             (|h| h.credits = 3, range("credits", 3, 4, 4096)),
             (|h| h.credits = 4097, range("credits", 4097, 4, 4096)),
             (
@@ -751,7 +776,7 @@ mod tests {
                 field: "flags",
                 value: 8,
                 min: 0,
-                max: 55
+                max: 183
             })
         );
         // Other unknown bits are refused next to the ticket flag too.
@@ -776,10 +801,10 @@ mod tests {
         let mut b = [0u8; HDR_LEN];
         h.encode(&mut b);
         assert_eq!(Header::decode(&b).unwrap(), h);
-        b[0] = 9;
+        b[0] = 11;
         assert_eq!(
             Header::decode(&b),
-            Err(PeerMisbehaved::UnknownKind { kind: 9 })
+            Err(PeerMisbehaved::UnknownKind { kind: 11 })
         );
         assert_eq!(
             Header::decode(&b[..10]),

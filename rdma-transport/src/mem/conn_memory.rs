@@ -12,14 +12,15 @@ use bytes::{Bytes, BytesMut};
 
 use super::device_pool::{BlockSource, DevicePool};
 use super::exposed::{MrUse, UserMr};
+use super::local_cache::{read_buffer, read_bytes, LocalCache};
 use super::recv_pool::RecvPool;
 use super::registered::{Access, RegisteredBuf};
 use super::slot_pool::SlotPool;
 use super::{WR_BIND, WR_SRQ};
-use crate::engine::{Action, Buffers, WriteSource};
+use crate::engine::{Action, Buffers, Exposure, WriteSource};
 use crate::error::{Error, PeerMisbehaved, ResourceError};
-use crate::remote::Exposable;
-use crate::verbs::{Cq, Mw, Pd, Qp, SendDesc};
+use crate::remote::{Exposable, RemoteAccess};
+use crate::verbs::{Cq, Mw, OneSidedDesc, Pd, Qp, SendDesc};
 
 /// Sizes of the four per-connection pools (their largest sizes; memory on
 /// demand registers less, `docs/wire-protocol-rdma.md` §4.6 and §5.5).
@@ -37,6 +38,18 @@ pub(crate) struct PoolSizes {
     /// Slots per registered segment of the send ring (it grows and shrinks
     /// a segment at a time).
     pub send_seg: usize,
+}
+
+/// A message body registered for our WRITEs to read (§5.1) or the peer's
+/// READs (§5.6).
+struct Source {
+    /// In a shared PD, the window the peer reads an exposed body through
+    /// (bound to this connection's QP); declared first: deallocated (its
+    /// rkey revoked) before the MR is deregistered.
+    window: Option<Mw>,
+    /// The rkey the window is bound with (0 without one).
+    rkey: u32,
+    mr: UserMr,
 }
 
 /// A receive buffer of the shared pool holding a connection's message.
@@ -83,9 +96,21 @@ pub(crate) struct ConnMemory {
     /// Zero-copy sources (§5.1): messages being RDMA-WRITTEN from where
     /// they are, each registered (no access flag: only our own WRITEs read
     /// it) and held until the engine releases it, after the completion
-    /// covering its last WRITE, or until the QP is gone. Indexed by the id
+    /// covering its last WRITE, or until the QP is gone; and bodies the
+    /// peer reads (§5.6), registered for its READs alone (remote read in
+    /// a PD of this connection's own, else a window bound to its QP) and
+    /// held until its RDV_DONE or until the QP is gone. Indexed by the id
     /// the engine names them by; `None` entries are free ids.
-    sources: Vec<Option<UserMr>>,
+    sources: Vec<Option<Source>>,
+    /// Buffers our READs fill (§5.6), by id, with the message length: local
+    /// write only (the peer has no key to them), each in a READ until its
+    /// completion is polled or the QP is gone.
+    dests: Vec<Option<(UserMr, usize)>>,
+    /// Where those buffers come from (made on first use, at most
+    /// `read_cache_bytes`); a buffer handed up goes back when the
+    /// application drops it.
+    dest_cache: Option<Arc<LocalCache>>,
+    read_cache_bytes: usize,
     sz: PoolSizes,
     src: BlockSource,
     /// Scratch lists of [`execute`](Self::execute), kept so that posting
@@ -117,6 +142,9 @@ impl ConnMemory {
             rdv: None,
             staging: None,
             sources: Vec::new(),
+            dests: Vec::new(),
+            dest_cache: None,
+            read_cache_bytes: 16 << 20,
             sz,
             src: BlockSource {
                 pd: pd.clone(),
@@ -288,18 +316,45 @@ impl ConnMemory {
     /// `ibv_destroy_qp` for it).
     pub(crate) fn destroy_qp(&mut self) {
         self.window = None;
+        self.drop_source_windows();
         self.qp = None;
+    }
+
+    /// Deallocates the windows of exposed bodies (§5.6): the peer can no
+    /// longer read them, and no window holds the QP.
+    fn drop_source_windows(&mut self) {
+        for s in self.sources.iter_mut().flatten() {
+            s.window = None;
+        }
+    }
+
+    /// Bytes the buffers of messages read from the peer (§5.6) may keep
+    /// registered (`Config::read_cache_bytes`).
+    pub(crate) fn set_read_cache_bytes(&mut self, n: usize) {
+        self.read_cache_bytes = n;
+    }
+
+    /// Posts what `sends` gathered so far, so that a work request of
+    /// another shape comes after it in send-queue order.
+    fn flush_sends(qp: &Qp, sends: &mut Vec<SendDesc>) -> Result<(), Error> {
+        // SAFETY: as in `execute`: every range was bounds-checked against
+        // its registered pool or source, each reused only after a covering
+        // completion (§7).
+        let r = unsafe { qp.post_sends(sends) };
+        sends.clear();
+        r
     }
 
     /// `(addr, len, lkey)` of the bytes a zero-copy chunk of `len` bytes
     /// takes from its source after its head (§5.1), bounds-checked against
     /// the registration.
     fn source_range(&self, src: WriteSource, len: usize) -> (u64, u32, u32) {
-        let mr = self
+        let mr = &self
             .sources
             .get(src.id as usize)
             .and_then(Option::as_ref)
-            .expect("a WRITE from a source the engine registered and has not released");
+            .expect("a WRITE from a source the engine registered and has not released")
+            .mr;
         let n = len.checked_sub(src.head).expect("head within the chunk");
         assert!(
             src.off.checked_add(n).is_some_and(|end| end <= mr.len()),
@@ -397,6 +452,87 @@ impl ConnMemory {
                         imm,
                     });
                 }
+                Action::BindSource {
+                    id,
+                    wr_id,
+                    signaled,
+                } => {
+                    let s = self
+                        .sources
+                        .get(id as usize)
+                        .and_then(Option::as_ref)
+                        .expect("a bind of a source the engine exposed");
+                    let mw = s.window.as_ref().expect("an exposed source with a window");
+                    if let Err(e) = Self::flush_sends(qp, &mut sends) {
+                        self.recvs = recvs;
+                        self.sends = sends;
+                        return Err(e);
+                    }
+                    // SAFETY: the MR is live, on this QP's PD, registered
+                    // with MW_BIND (`MrUse::WindowSource`), and the window
+                    // covers it exactly, read access only; the body is a
+                    // `Bytes` (nothing writes it), held with the MR until
+                    // the window is deallocated (`Source` field order, and
+                    // destroy_qp drops windows before the QP).
+                    let r = unsafe {
+                        qp.bind_window_as(
+                            mw,
+                            s.rkey,
+                            s.mr.mr(),
+                            (s.mr.addr(), s.mr.len() as u64),
+                            rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0,
+                            wr_id,
+                            signaled,
+                        )
+                    };
+                    if let Err(e) = r {
+                        self.recvs = recvs;
+                        self.sends = sends;
+                        return Err(e);
+                    }
+                }
+                Action::PostRead {
+                    dest,
+                    off,
+                    len,
+                    remote_addr,
+                    rkey,
+                    wr_id,
+                } => {
+                    let (mr, total) = self
+                        .dests
+                        .get(dest as usize)
+                        .and_then(Option::as_ref)
+                        .expect("a READ into a destination the engine opened");
+                    assert!(
+                        off.checked_add(len).is_some_and(|end| end <= *total) && *total <= mr.len(),
+                        "READ outside its destination"
+                    );
+                    let d = OneSidedDesc {
+                        wr_id,
+                        read: true,
+                        addr: mr.addr() + off as u64,
+                        // The engine reads at most max_message (< 4 GiB).
+                        len: u32::try_from(len).expect("a READ under 4 GiB"),
+                        lkey: mr.lkey(),
+                        remote_addr,
+                        rkey,
+                    };
+                    if let Err(e) = Self::flush_sends(qp, &mut sends) {
+                        self.recvs = recvs;
+                        self.sends = sends;
+                        return Err(e);
+                    }
+                    // SAFETY: the range lies in the destination's
+                    // registration (checked above), local write; the engine
+                    // takes the buffer (take_dest) only after this READ's
+                    // completion, and Drop frees it only after the QP.
+                    if let Err(e) = unsafe { qp.post_one_sided(&d) } {
+                        self.recvs = recvs;
+                        self.sends = sends;
+                        return Err(e);
+                    }
+                }
             }
         }
         // §4.7: the buffers of reposted slots go back to the shared pool
@@ -430,11 +566,18 @@ impl Drop for ConnMemory {
             // Flushes the SRQ buffer the QP may have taken (§4.7).
             let _ = qp.to_error();
         }
-        // Explicit: the window (see destroy_qp), the QP, then the buffers.
+        // Explicit: the windows (see destroy_qp), the QP, then the buffers.
         self.window = None;
+        self.drop_source_windows();
         self.qp = None;
-        // No WRITE reads a zero-copy source now: deregistered and let go.
+        // No WRITE reads a zero-copy source now, no peer an exposed one:
+        // deregistered and let go.
         self.sources.clear();
+        // No READ fills a destination now.
+        self.dests.clear();
+        if let Some(c) = self.dest_cache.take() {
+            c.close();
+        }
         // No work request can reach a block now, nor a peer (the window is
         // gone): the device pool takes them back.
         self.recv.trim(&self.src, 0);
@@ -463,6 +606,15 @@ impl Drop for ConnMemory {
                 .map(|h| h.buf)
                 .collect();
             self.reclaim_with(&wcs, &held);
+        }
+    }
+}
+
+impl ConnMemory {
+    fn put_source(&mut self, free: Option<usize>, s: Source) {
+        match free {
+            Some(i) => self.sources[i] = Some(s),
+            None => self.sources.push(Some(s)),
         }
     }
 }
@@ -626,15 +778,99 @@ impl Buffers for ConnMemory {
             self.src.limit,
         )
         .ok()?;
-        match free {
-            Some(i) => self.sources[i] = Some(mr),
-            None => self.sources.push(Some(mr)),
-        }
+        self.put_source(
+            free,
+            Source {
+                window: None,
+                rkey: 0,
+                mr,
+            },
+        );
         Some(id32)
+    }
+    fn expose_source(&mut self, body: &Bytes) -> Option<Exposure> {
+        if body.is_empty() {
+            return None;
+        }
+        let free = self.sources.iter().position(Option::is_none);
+        let id = u32::try_from(free.unwrap_or(self.sources.len())).ok()?;
+        // §5.6: readable by this connection's peer alone, never writable.
+        // A PD of the connection's own scopes an MR's rkey to its QP; in a
+        // shared PD a type-2 window bound to the QP does (§4.7). A cap
+        // reached or a failed registration means a WRITE instead.
+        let shared = self.src.dev.is_some();
+        let how = if shared {
+            MrUse::WindowSource
+        } else {
+            MrUse::Exposed(RemoteAccess::Read)
+        };
+        let mr = UserMr::new(
+            &self.src.pd,
+            Exposable::Shared(body.clone()),
+            how,
+            self.src.limit,
+        )
+        .ok()?;
+        let (window, rkey) = if shared {
+            let mw = Mw::new(&self.src.pd).ok()?;
+            let rkey = mw.next_rkey();
+            (Some(mw), rkey)
+        } else {
+            (None, mr.rkey())
+        };
+        let x = Exposure {
+            id,
+            addr: mr.addr(),
+            rkey,
+            bind: shared,
+        };
+        self.put_source(free, Source { window, rkey, mr });
+        Some(x)
+    }
+    fn open_dest(&mut self, head: &[u8], len: usize) -> Result<u32, ResourceError> {
+        let total = head
+            .len()
+            .checked_add(len)
+            .ok_or_else(|| ResourceError::Other("message length overflows".into()))?;
+        let pd = self.src.pd.clone();
+        let cache = self
+            .dest_cache
+            .get_or_insert_with(|| {
+                LocalCache::new(pd.clone(), self.read_cache_bytes, self.src.limit)
+            })
+            .clone();
+        let mut mr =
+            read_buffer(&cache, total, &pd, self.src.limit).map_err(ResourceError::from_error)?;
+        // In no work request yet: only the CPU touches it.
+        let b = mr
+            .local_bytes_mut()
+            .ok_or_else(|| ResourceError::Other("read buffer not writable".into()))?;
+        b[..head.len()].copy_from_slice(head);
+        let free = self.dests.iter().position(Option::is_none);
+        let id = free.unwrap_or(self.dests.len());
+        let id32 =
+            u32::try_from(id).map_err(|_| ResourceError::Other("too many read buffers".into()))?;
+        match free {
+            Some(i) => self.dests[i] = Some((mr, total)),
+            None => self.dests.push(Some((mr, total))),
+        }
+        Ok(id32)
+    }
+    fn take_dest(&mut self, id: u32) -> Result<Bytes, ResourceError> {
+        let (mr, total) = self
+            .dests
+            .get_mut(id as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| ResourceError::Other(format!("no read buffer {id}")))?;
+        // The READ completed: handed up as it is (a cached buffer goes
+        // back to the cache when the last `Bytes` over it is dropped).
+        read_bytes(mr, total)
+            .ok_or_else(|| ResourceError::Other("a read buffer could not be deregistered".into()))
     }
     fn release_source(&mut self, id: u32) {
         if let Some(s) = self.sources.get_mut(id as usize) {
-            // Deregistered (and the bytes let go) when dropped.
+            // Window deallocated, then deregistered (and the bytes let go)
+            // when dropped.
             *s = None;
         }
     }

@@ -27,6 +27,10 @@ pub(crate) enum MrUse {
     WriteSource,
     /// Written by our own RDMA READ (its destination): local write.
     ReadDestination,
+    /// A message's body the peer reads through a type-2 memory window
+    /// bound to one queue pair (wire protocol §5.6, in a shared PD): the
+    /// MR itself grants no remote access.
+    WindowSource,
     /// Reached by the peer through the rkey with this access (an exposure).
     Exposed(RemoteAccess),
 }
@@ -37,6 +41,7 @@ impl MrUse {
         match self {
             MrUse::WriteSource => 0,
             MrUse::ReadDestination => f::IBV_ACCESS_LOCAL_WRITE.0,
+            MrUse::WindowSource => f::IBV_ACCESS_MW_BIND.0,
             MrUse::Exposed(RemoteAccess::Read) => f::IBV_ACCESS_REMOTE_READ.0,
             // Remote write needs local write (ibv_reg_mr(3)).
             MrUse::Exposed(RemoteAccess::Write) => {
@@ -200,6 +205,11 @@ impl UserMr {
     pub(crate) fn lkey(&self) -> u32 {
         // SAFETY: as for rkey.
         unsafe { (*self.mr).lkey }
+    }
+
+    /// The MR, to bind a memory window over ([`MrUse::WindowSource`]).
+    pub(crate) fn mr(&self) -> *mut ibv_mr {
+        self.mr
     }
 
     /// Deregisters the MR (once). After `ibv_dereg_mr` returns 0 the NIC
@@ -470,7 +480,7 @@ impl SideQp {
         let kind_ok = match local.how {
             MrUse::ReadDestination => true,
             MrUse::WriteSource => !read,
-            MrUse::Exposed(_) => false,
+            MrUse::Exposed(_) | MrUse::WindowSource => false,
         };
         if !kind_ok || len > local.len || self.posted.contains(wr_id) || wr_id & FENCED_WRITE != 0 {
             return Err(Box::new(PostFail::NotPosted(

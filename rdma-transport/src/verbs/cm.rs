@@ -315,8 +315,10 @@ impl CmId {
         cm_call(r, "rdma_resolve_route")
     }
 
+    /// A connection's queue pair carries the RDMA READs of messages read
+    /// by their receiver (wire protocol §5.6): up to `MAX_READS` each way.
     fn param(private: &[u8], qp_num: u32) -> rdma_conn_param {
-        Self::param_depth(private, qp_num, 1)
+        Self::param_depth(private, qp_num, crate::engine::wire::MAX_READS as u8)
     }
 
     /// As `param`, with `depth` RDMA READs outstanding at a time each way

@@ -33,6 +33,16 @@ impl Mw {
     }
 }
 
+impl Mw {
+    /// The rkey the window's next bind gives it: its current one with the
+    /// key byte moved on (`ibv_inc_rkey`), so an rkey of an earlier bind is
+    /// refused once the window is bound again.
+    pub(crate) fn next_rkey(&self) -> u32 {
+        // SAFETY: ptr is a live window (plain field read).
+        unsafe { ibv_inc_rkey((*self.ptr).rkey) }
+    }
+}
+
 impl Drop for Mw {
     fn drop(&mut self) {
         // SAFETY: ptr came from ibv_alloc_mw and is deallocated only here.

@@ -161,21 +161,50 @@ impl Qp {
         len: u64,
         wr_id: u64,
     ) -> Result<u32, Error> {
-        // SAFETY: mw is a live window (plain field read).
-        let rkey = unsafe { ibv_inc_rkey((*mw.ptr).rkey) };
+        let rkey = mw.next_rkey();
+        let access = ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+        // SAFETY: the caller's contract is this function's.
+        unsafe { self.bind_window_as(mw, rkey, mr, (addr, len), access, wr_id, true)? };
+        Ok(rkey)
+    }
+
+    /// Binds the type-2 window `mw` to this QP over `range` (address,
+    /// length) of `mr` with `access` (remote access flags) and the rkey
+    /// `rkey` ([`Mw::next_rkey`]), by a bind work request `wr_id`. Work
+    /// requests posted after it on this QP are executed after the bind.
+    ///
+    /// # Safety
+    /// `mr` is live, registered on this QP's PD with `IBV_ACCESS_MW_BIND`
+    /// (and local write if `access` has remote write), and `range` lies
+    /// inside it; the memory stays registered and allocated until `mw` is
+    /// deallocated (which revokes the rkey); with remote write in
+    /// `access`, the CPU reads it only through raw copies meanwhile.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn bind_window_as(
+        &self,
+        mw: &Mw,
+        rkey: u32,
+        mr: *mut ibv_mr,
+        range: (u64, u64),
+        access: u32,
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<(), Error> {
         // SAFETY: ibv_send_wr is plain C data (unions of PODs); zero is valid.
         let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;
         wr.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if signaled {
+            wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
         wr.bind_mw_tso_union.bind_mw = bind_mw_t {
             mw: mw.ptr,
             rkey,
             bind_info: ibv_mw_bind_info {
                 mr,
-                addr,
-                length: len,
-                mw_access_flags: ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+                addr: range.0,
+                length: range.1,
+                mw_access_flags: access,
             },
         };
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
@@ -188,7 +217,7 @@ impl Qp {
                 errno: Errno(r),
             });
         }
-        Ok(rkey)
+        Ok(())
     }
 
     /// Posts SENDs and RDMA WRITEs in order, one `ibv_post_send` call per

@@ -1,0 +1,264 @@
+//! Messages the receiver reads (§5.6): a large body the sender leaves
+//! where it is, readable by the peer alone, announced by RDV_READ; the
+//! receiver RDMA-READs it into memory of its own (which the peer cannot
+//! write), delivers it in order with the other messages, and answers
+//! RDV_DONE, after which the sender lets the body go.
+
+use super::send_ring::{Held, Outgoing};
+use super::wire::{Header, Kind, HDR_LEN, MAX_READS, READ_MAX};
+use super::{Action, Buffers, Engine, EngineError, Event, PeerMisbehaved};
+
+/// A message being read (receiver side, §5.6).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReadJob {
+    /// Our destination buffer ([`Buffers::open_dest`]).
+    dest: u32,
+    /// The sender's name for the body (answered in RDV_DONE).
+    src: u32,
+    /// Where in `dest` the body goes (after the head the RDV_READ carried).
+    off: usize,
+    /// Body bytes.
+    len: usize,
+    /// The body, at the sender.
+    addr: u64,
+    rkey: u32,
+    /// The READ is on the send queue.
+    posted: bool,
+}
+
+/// What is delivered next (§5.6: a message being read holds back those
+/// behind it, so the application sees them in the order they were sent).
+#[derive(Debug)]
+pub(super) enum Inbound {
+    Ready(Event),
+    /// The next message being read ([`ReadJob`]s, in the same order).
+    Reading,
+}
+
+/// A body made readable by the peer ([`Buffers::expose_source`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exposure {
+    /// The id the engine names it by ([`Buffers::release_source`]).
+    pub id: u32,
+    /// Address of its first byte.
+    pub addr: u64,
+    /// The rkey the peer reads it with.
+    pub rkey: u32,
+    /// The rkey is a memory window's that [`Action::BindSource`] binds
+    /// (posted before the RDV_READ that announces it).
+    pub bind: bool,
+}
+
+impl Engine {
+    /// Hands `ev` to the application, behind any message being read.
+    #[inline]
+    pub(super) fn deliver(&mut self, ev: Event) {
+        self.inbox.push_back(Inbound::Ready(ev));
+    }
+
+    /// §5.6, sender: announces the message at the front of the queue by
+    /// RDV_READ when it qualifies (both sides offered reading, a body of
+    /// at least `zero_copy_min` bytes, nothing of it sent yet, and the
+    /// body could be exposed). `Some(true)`: announced; `Some(false)`: it
+    /// waits (for an RDV_DONE or send-queue room); `None`: it goes by
+    /// WRITE (§5.2). The caller checked [`data_room`](Self::data_room).
+    #[inline]
+    pub(super) fn announce_read<B: Buffers + ?Sized>(&mut self, bufs: &mut B) -> Option<bool> {
+        let Some(Outgoing::Msg {
+            head, body, off: 0, ..
+        }) = self.pending.front()
+        else {
+            return None;
+        };
+        if !self.cfg.read_rdv
+            || self.cfg.zero_copy_min == 0
+            || body.len() < self.cfg.zero_copy_min
+            || body.len() as u64 > READ_MAX
+            || head.len() + body.len() <= self.eager_max
+            || head.len() > self.eager_max
+        {
+            return None;
+        }
+        // MAX_READS announced and not answered: wait for an RDV_DONE.
+        // A bind, the RDV_READ, and one entry kept for a credit message.
+        if self.exposed.len() >= MAX_READS as usize || !self.sq_room(4) {
+            return Some(false);
+        }
+        let (head, body) = (head.clone(), body.clone());
+        let x = bufs.expose_source(&body)?;
+        self.pending.pop_front();
+        let total = head.len() + body.len();
+        self.pending_bytes -= total;
+        if x.bind {
+            let (wr_id, signaled) = self.push_record(None, false);
+            self.actions.push(Action::BindSource {
+                id: x.id,
+                wr_id,
+                signaled,
+            });
+        }
+        let mut h = Header::new(Kind::RdvRead);
+        h.addr = x.addr;
+        h.len = x.rkey;
+        h.total_len = body.len() as u64;
+        h.rdv_index = x.id;
+        self.post_send_slot(bufs, h, (&head, &[]), false);
+        self.exposed.push(x.id);
+        self.counters.read_announced += 1;
+        self.counters.msgs_sent += 1;
+        self.counters.bytes_sent += total as u64;
+        Some(true)
+    }
+
+    /// §5.6, receiver: an RDV_READ (a SEND of `len` bytes in receive slot
+    /// `slot`), checked before anything is read or registered.
+    #[inline]
+    pub(super) fn on_rdv_read<B: Buffers + ?Sized>(
+        &mut self,
+        h: &Header,
+        slot: u32,
+        len: usize,
+        bufs: &mut B,
+    ) -> Result<(), EngineError> {
+        if !self.cfg.read_rdv {
+            return Self::proto(PeerMisbehaved::ReadNotOffered {
+                kind: h.kind.name(),
+            });
+        }
+        if self.reasm.is_some() {
+            return Self::proto(PeerMisbehaved::ReadInsideRendezvous);
+        }
+        // The sender counts a message until our RDV_DONE, we until its
+        // READ completed: a sender within MAX_READS never trips this.
+        if self.reads.len() >= MAX_READS as usize {
+            return Self::proto(PeerMisbehaved::TooManyReads { max: MAX_READS });
+        }
+        if self.reads.iter().any(|r| r.src == h.rdv_index) || self.done_due.contains(&h.rdv_index) {
+            return Self::proto(PeerMisbehaved::ReadIdInUse { id: h.rdv_index });
+        }
+        if h.total_len == 0 || h.total_len > READ_MAX || h.addr.checked_add(h.total_len).is_none() {
+            return Self::proto(PeerMisbehaved::ReadRange {
+                addr: h.addr,
+                len: h.total_len,
+            });
+        }
+        // len >= HDR_LEN (the header decoded) and <= the slot (checked).
+        let head = len - HDR_LEN;
+        let max = self.cfg.max_message;
+        if h.total_len > (max - head.min(max)) as u64 {
+            return Self::proto(PeerMisbehaved::MessageTooLarge {
+                total: h.total_len.saturating_add(head as u64),
+                max,
+            });
+        }
+        let body = h.total_len as usize; // <= max_message, a usize
+        let head_bytes = bufs.recv_slot(slot)[HDR_LEN..len].to_vec();
+        let dest = bufs
+            .open_dest(&head_bytes, body)
+            .map_err(EngineError::Resource)?;
+        self.reads.push_back(ReadJob {
+            dest,
+            src: h.rdv_index,
+            off: head,
+            len: body,
+            addr: h.addr,
+            rkey: h.len,
+            posted: false,
+        });
+        self.inbox.push_back(Inbound::Reading);
+        self.post_reads();
+        Ok(())
+    }
+
+    /// §5.6: posts the READs not posted yet, in order, while the send
+    /// queue has room (one entry kept for a credit message).
+    #[inline]
+    pub(super) fn post_reads(&mut self) {
+        for i in 0..self.reads.len() {
+            if self.reads[i].posted {
+                continue;
+            }
+            if !self.sq_room(2) {
+                break;
+            }
+            let (wr_id, _) = self.push_record(Some(Held::Read), true);
+            let r = &mut self.reads[i];
+            r.posted = true;
+            self.actions.push(Action::PostRead {
+                dest: r.dest,
+                off: r.off,
+                len: r.len,
+                remote_addr: r.addr,
+                rkey: r.rkey,
+                wr_id,
+            });
+        }
+    }
+
+    /// §5.6: the oldest READ completed: its message joins the others in
+    /// order, and the sender is told it may let the body go.
+    pub(super) fn finish_read<B: Buffers + ?Sized>(
+        &mut self,
+        bufs: &mut B,
+    ) -> Result<(), EngineError> {
+        let job = self
+            .reads
+            .pop_front()
+            .expect("one read job per READ record, in order");
+        let msg = bufs.take_dest(job.dest).map_err(EngineError::Resource)?;
+        self.counters.msgs_recv += 1;
+        self.counters.bytes_recv += msg.len() as u64;
+        self.counters.read_bytes += job.len as u64;
+        let at = self
+            .inbox
+            .iter()
+            .position(|i| matches!(i, Inbound::Reading))
+            .expect("one placeholder per read job");
+        self.inbox[at] = Inbound::Ready(Event::Message(msg));
+        self.done_due.push_back(job.src);
+        Ok(())
+    }
+
+    /// §5.6, sender: the peer read a body we announced.
+    #[inline]
+    pub(super) fn on_rdv_done<B: Buffers + ?Sized>(
+        &mut self,
+        h: &Header,
+        bufs: &mut B,
+    ) -> Result<(), EngineError> {
+        if !self.cfg.read_rdv {
+            return Self::proto(PeerMisbehaved::ReadNotOffered {
+                kind: h.kind.name(),
+            });
+        }
+        let Some(i) = self.exposed.iter().position(|&x| x == h.rdv_index) else {
+            return Self::proto(PeerMisbehaved::ReadDoneUnknown { id: h.rdv_index });
+        };
+        self.exposed.swap_remove(i);
+        // Its READ is over (the peer had its completion): nothing reads
+        // the body any more.
+        bufs.release_source(h.rdv_index);
+        Ok(())
+    }
+
+    /// §5.6: the RDV_DONEs due, each a control message.
+    #[inline]
+    pub(super) fn post_read_done<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
+        while !self.done_due.is_empty() && self.data_room() {
+            let id = self.done_due.pop_front().expect("checked");
+            let mut h = Header::new(Kind::RdvDone);
+            h.rdv_index = id;
+            self.post_control(bufs, h);
+        }
+    }
+
+    /// Messages announced by RDV_READ that the peer has not answered yet.
+    pub fn reads_announced(&self) -> usize {
+        self.exposed.len()
+    }
+
+    /// Messages being read from the peer.
+    pub fn reads_in_progress(&self) -> usize {
+        self.reads.len()
+    }
+}
