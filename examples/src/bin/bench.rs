@@ -230,6 +230,12 @@ struct Args {
     /// default: the transport's).
     #[arg(long, value_parser = parse_size)]
     zero_copy_send_bytes: Option<usize>,
+    /// RDMA path: RDMA-WRITE large payloads into the receiver's buffers
+    /// instead of letting the receiver read them
+    /// (`rdma_transport::Config::read_rendezvous: false`), to measure what
+    /// reading saves.
+    #[arg(long)]
+    no_read_rendezvous: bool,
     /// RDMA path: notify chunks by SEND even where WRITE with immediate
     /// data is available (to measure what the immediate saves).
     #[arg(long)]
@@ -295,6 +301,7 @@ impl Args {
         if self.rdv_bytes.is_none()
             && self.rdv_buffers.is_none()
             && self.zero_copy_send_bytes.is_none()
+            && !self.no_read_rendezvous
             && !self.no_write_imm
             && !self.no_memory_on_demand
             && poll_mode.is_none()
@@ -311,6 +318,7 @@ impl Args {
             rendezvous_buffer_bytes: self.rdv_bytes.unwrap_or(d.rendezvous_buffer_bytes),
             rendezvous_buffers: self.rdv_buffers.unwrap_or(d.rendezvous_buffers),
             zero_copy_send_bytes: self.zero_copy_send_bytes.unwrap_or(d.zero_copy_send_bytes),
+            read_rendezvous: !self.no_read_rendezvous,
             write_with_imm: !self.no_write_imm,
             memory_on_demand: !self.no_memory_on_demand,
             poll_mode: poll_mode.map_or(d.poll_mode, PollModeArg::mode),
@@ -503,6 +511,8 @@ struct RdmaPerCall {
     eager_sends: f64,
     inline_sends: f64,
     rendezvous_writes: f64,
+    /// Messages the receiver read (RDV_READ, wire-protocol-rdma §5.6).
+    reads: f64,
     credit_msgs: f64,
     cq_events: f64,
     /// Of `cq_events`, the server's (connections its listener accepted).
@@ -521,6 +531,7 @@ fn rdma_delta(
         eager_sends: d(a.eager_sends, b.eager_sends),
         inline_sends: d(a.inline_sends, b.inline_sends),
         rendezvous_writes: d(a.rendezvous_writes, b.rendezvous_writes),
+        reads: d(a.reads_announced, b.reads_announced),
         credit_msgs: d(a.credit_msgs, b.credit_msgs),
         cq_events: d(a.cq_events, b.cq_events),
         cq_events_server: d(a.cq_events_accepted, b.cq_events_accepted),
@@ -903,8 +914,8 @@ fn progress(r: &CellResult) {
             if let Some(c) = &r.rdma {
                 let _ = write!(
                     extra,
-                    ", rdma/call: {:.1} msgs sent+recv, {:.1} rdv writes, {:.2} credit msgs, {:.2} cq events",
-                    c.msgs, c.rendezvous_writes, c.credit_msgs, c.cq_events
+                    ", rdma/call: {:.1} msgs sent+recv, {:.1} rdv writes, {:.2} reads, {:.2} credit msgs, {:.2} cq events",
+                    c.msgs, c.rendezvous_writes, c.reads, c.credit_msgs, c.cq_events
                 );
             }
             eprintln!(

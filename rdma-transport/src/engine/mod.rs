@@ -491,6 +491,9 @@ pub struct Engine {
     exposed: Vec<u32>,
     /// §5.6: messages being read from the peer, in order.
     reads: VecDeque<ReadJob>,
+    /// §5.6: READs posted and not yet completed (on the send queue, but not
+    /// in `records`: each is finished by its own completion only).
+    sq_reads: u32,
     /// §5.6: RDV_DONEs to send.
     done_due: VecDeque<u32>,
     // --- receive side (§4.3, §5.3) ---
@@ -593,6 +596,7 @@ impl Engine {
             close_sent: false,
             exposed: Vec::new(),
             reads: VecDeque::new(),
+            sq_reads: 0,
             done_due: VecDeque::new(),
             recv_gen: vec![0; cfg.recv_slots as usize],
             recv_active: if cfg.on_demand {

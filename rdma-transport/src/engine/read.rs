@@ -4,9 +4,9 @@
 //! write), delivers it in order with the other messages, and answers
 //! RDV_DONE, after which the sender lets the body go.
 
-use super::send_ring::{Held, Outgoing};
+use super::send_ring::Outgoing;
 use super::wire::{Header, Kind, HDR_LEN, MAX_READS, READ_MAX};
-use super::{Action, Buffers, Engine, EngineError, Event, PeerMisbehaved};
+use super::{sq_wr_id, Action, Buffers, Engine, EngineError, Event, PeerMisbehaved};
 
 /// A message being read (receiver side, §5.6).
 #[derive(Debug, Clone, Copy)]
@@ -22,8 +22,10 @@ pub(super) struct ReadJob {
     /// The body, at the sender.
     addr: u64,
     rkey: u32,
-    /// The READ is on the send queue.
-    posted: bool,
+    /// The READ's send-queue sequence number, once posted (§7).
+    seq: Option<u64>,
+    /// Its own completion was polled.
+    done: bool,
 }
 
 /// What is delivered next (§5.6: a message being read holds back those
@@ -163,7 +165,8 @@ impl Engine {
             len: body,
             addr: h.addr,
             rkey: h.len,
-            posted: false,
+            seq: None,
+            done: false,
         });
         self.inbox.push_back(Inbound::Reading);
         self.post_reads();
@@ -171,40 +174,64 @@ impl Engine {
     }
 
     /// §5.6: posts the READs not posted yet, in order, while the send
-    /// queue has room (one entry kept for a credit message).
+    /// queue has room (one entry kept for a credit message). A READ is
+    /// tracked by its own completion, not in the send records: iWARP
+    /// (siw) completes SENDs posted after a READ before the READ's
+    /// response has arrived, so a later completion does not cover it (§7).
     #[inline]
     pub(super) fn post_reads(&mut self) {
         for i in 0..self.reads.len() {
-            if self.reads[i].posted {
+            if self.reads[i].seq.is_some() {
                 continue;
             }
             if !self.sq_room(2) {
                 break;
             }
-            let (wr_id, _) = self.push_record(Some(Held::Read), true);
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.sq_reads += 1;
             let r = &mut self.reads[i];
-            r.posted = true;
+            r.seq = Some(seq);
             self.actions.push(Action::PostRead {
                 dest: r.dest,
                 off: r.off,
                 len: r.len,
                 remote_addr: r.addr,
                 rkey: r.rkey,
-                wr_id,
+                wr_id: sq_wr_id(seq),
             });
         }
     }
 
+    /// §5.6: a send-queue completion that is a READ's own: whether it was,
+    /// and then the messages whose READs are all done are delivered.
+    #[inline]
+    pub(super) fn on_read_completion<B: Buffers + ?Sized>(
+        &mut self,
+        seq: u64,
+        bufs: &mut B,
+    ) -> Result<bool, EngineError> {
+        if self.sq_reads == 0 {
+            return Ok(false);
+        }
+        let Some(job) = self.reads.iter_mut().find(|j| j.seq == Some(seq)) else {
+            return Ok(false);
+        };
+        job.done = true;
+        self.sq_reads -= 1;
+        while self.reads.front().is_some_and(|j| j.done) {
+            self.finish_read(bufs)?;
+        }
+        Ok(true)
+    }
+
     /// §5.6: the oldest READ completed: its message joins the others in
     /// order, and the sender is told it may let the body go.
-    pub(super) fn finish_read<B: Buffers + ?Sized>(
-        &mut self,
-        bufs: &mut B,
-    ) -> Result<(), EngineError> {
+    fn finish_read<B: Buffers + ?Sized>(&mut self, bufs: &mut B) -> Result<(), EngineError> {
         let job = self
             .reads
             .pop_front()
-            .expect("one read job per READ record, in order");
+            .expect("the caller saw a finished read job");
         let msg = bufs.take_dest(job.dest).map_err(EngineError::Resource)?;
         self.counters.msgs_recv += 1;
         self.counters.bytes_recv += msg.len() as u64;

@@ -13,8 +13,6 @@ use super::{
 pub(super) enum Held {
     Slot(u32),
     Staging(u32),
-    /// §5.6: a READ of the oldest message being read.
-    Read,
 }
 
 pub(super) enum Outgoing {
@@ -86,7 +84,7 @@ impl Engine {
 
     /// Send-queue work requests not yet known complete.
     pub fn outstanding_sq(&self) -> usize {
-        self.records.len()
+        self.records.len() + self.sq_reads as usize
     }
 
     /// Whether progress may wait for a send completion (§8): CLOSE waits
@@ -100,13 +98,13 @@ impl Engine {
     /// staging buffers, zero-copy sources) is collected at the driver's
     /// next full poll.
     pub fn wants_send_completions(&self) -> bool {
-        !self.records.is_empty()
-            && (self.close_sent
-                || self.free_send.len() < 2
-                || !self.sq_room(3)
-                || (!self.pending.is_empty() && self.free_staging.is_empty())
-                // §5.6: a READ's completion delivers its message.
-                || !self.reads.is_empty())
+        // §5.6: a READ's completion delivers its message.
+        self.sq_reads > 0
+            || (!self.records.is_empty()
+                && (self.close_sent
+                    || self.free_send.len() < 2
+                    || !self.sq_room(3)
+                    || (!self.pending.is_empty() && self.free_staging.is_empty())))
     }
 
     /// A send-queue completion: frees the send slots, staging buffers and
@@ -124,8 +122,10 @@ impl Engine {
             });
         }
         // §7: completions on the SQ are in order, so a completion for
-        // sequence s covers every earlier (unsignalled) work request.
+        // sequence s covers every earlier (unsignalled) work request; but a
+        // READ (§5.6) only by its own completion.
         let seq = sq_seq(c.wr_id);
+        self.on_read_completion(seq, bufs)?;
         while let Some(&(s, held)) = self.records.front() {
             if sq_seq(s) > seq {
                 break;
@@ -134,7 +134,6 @@ impl Engine {
             match held {
                 Some(Held::Slot(i)) => self.free_send.push_back(i),
                 Some(Held::Staging(i)) => self.free_staging.push_back(i),
-                Some(Held::Read) => self.finish_read(bufs)?,
                 None => {}
             }
         }
@@ -169,7 +168,7 @@ impl Engine {
     }
 
     pub(super) fn sq_room(&self, n: usize) -> bool {
-        self.records.len() + n <= self.cfg.sq_depth() as usize
+        self.records.len() + self.sq_reads as usize + n <= self.cfg.sq_depth() as usize
     }
 
     pub(super) fn post_send_slot<B: Buffers + ?Sized>(

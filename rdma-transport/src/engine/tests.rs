@@ -198,6 +198,9 @@ struct P {
     zero_copy: usize,
     /// Offers reading messages (§5.6).
     read: bool,
+    /// The "NIC" executes a READ after the work request posted next, as
+    /// iWARP (siw) completes SENDs posted after a READ before the READ.
+    late_reads: bool,
 }
 
 impl P {
@@ -218,6 +221,7 @@ impl P {
             revoke: false,
             zero_copy: 0,
             read: false,
+            late_reads: false,
         }
     }
     /// Memory on demand, rings starting at 4 of 8 slots.
@@ -365,6 +369,8 @@ struct Side {
     imm_notes: u64,
     /// CHUNK SENDs this side received (§5.2): the same without immediates.
     chunk_sends: u64,
+    /// See [`P::late_reads`].
+    late_reads: bool,
 }
 
 /// wr_id tag of a completion from the emulated shared receive queue.
@@ -384,6 +390,7 @@ impl Side {
             srq_data: VecDeque::new(),
             imm_notes: 0,
             chunk_sends: 0,
+            late_reads: me.late_reads,
         };
         s.run_actions();
         s
@@ -498,6 +505,11 @@ impl Side {
 /// The "NIC": executes the next op `from` posted, reading the sender's
 /// memory at execution time (so premature buffer reuse corrupts data).
 fn deliver(from: &mut Side, to: &mut Side) -> bool {
+    if from.late_reads && from.wire.len() > 1 && matches!(from.wire.front(), Some(Op::Read { .. }))
+    {
+        // iWARP: what was posted after a READ completes before it.
+        from.wire.swap(0, 1);
+    }
     let Some(op) = from.wire.pop_front() else {
         return false;
     };
@@ -1610,6 +1622,8 @@ proptest! {
         // mix of offers; without zero-copy send nothing is announced).
         pa.read = seed & 2048 != 0;
         pb.read = seed & 4096 != 0;
+        pa.late_reads = seed & 8192 != 0;
+        pb.late_reads = seed & 16384 != 0;
         run_pair(pa, pb, &a_msgs, &b_msgs, seed);
     }
 }
@@ -1648,6 +1662,7 @@ proptest! {
             zero_copy: if seed & 4 != 0 { 5000 } else { 0 },
             // §5.6: and with reading on, read by the receiver instead.
             read: seed & 8 != 0,
+            late_reads: seed & 16 != 0,
             ..P::on_demand()
         };
         let mut a = Side::new(&p, &p);
@@ -3227,6 +3242,32 @@ fn messages_behind_a_read_wait_for_it() {
     pump(&mut a, &mut b);
     assert_eq!(b.got, [big, small]);
     assert!(b.closed);
+}
+
+/// iWARP (siw) completes a SEND posted after a READ before the READ's
+/// response arrived: that completion must not finish the READ (it was
+/// taken as covering it: the message was handed up unread, and the READ
+/// then landed in a buffer already given away).
+#[test]
+fn a_read_is_finished_by_its_own_completion_only() {
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        late_reads: true,
+        slots: 16,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    let msgs: Vec<_> = (0..6).map(|i| pattern(i, 6000 + i as usize)).collect();
+    for m in &msgs {
+        a.e.submit(m.clone());
+        // The peer answers too, so b's SENDs follow its READs.
+        b.e.submit(pattern(100, 40));
+    }
+    pump(&mut a, &mut b);
+    assert_eq!(b.got, msgs);
+    assert_eq!(a.got.len(), 6);
 }
 
 /// Offered by one side only, or with the body not exposable (a failed

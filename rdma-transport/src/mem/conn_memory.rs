@@ -836,7 +836,10 @@ impl Buffers for ConnMemory {
         let cache = self
             .dest_cache
             .get_or_insert_with(|| {
-                LocalCache::new(pd.clone(), self.read_cache_bytes, self.src.limit)
+                // rpc-core's frames are a power of two of payload behind a
+                // 6-byte header: 4 KiB of slack keeps them in the
+                // payload's class.
+                LocalCache::with_slack(pd.clone(), self.read_cache_bytes, self.src.limit, 4096)
             })
             .clone();
         let mut mr =

@@ -82,6 +82,9 @@ struct Free {
 /// The registered local buffers of one connection's one-sided operations.
 pub(crate) struct LocalCache {
     pd: Arc<Pd>,
+    /// Bytes each buffer has beyond its power of two (a message's head
+    /// before a power-of-two payload, wire protocol §5.6).
+    slack: usize,
     /// `Config::one_sided_cache_bytes`.
     cap: usize,
     /// `Config::global_max_registered_bytes`.
@@ -94,8 +97,21 @@ pub(crate) struct LocalCache {
 
 impl LocalCache {
     pub(crate) fn new(pd: Arc<Pd>, cap: usize, global_limit: usize) -> Arc<LocalCache> {
+        Self::with_slack(pd, cap, global_limit, 0)
+    }
+
+    /// As [`new`](Self::new), with buffers of `2^k + slack` bytes: a
+    /// power-of-two payload behind a head of up to `slack` bytes fits the
+    /// class of the payload, not twice it.
+    pub(crate) fn with_slack(
+        pd: Arc<Pd>,
+        cap: usize,
+        global_limit: usize,
+        slack: usize,
+    ) -> Arc<LocalCache> {
         Arc::new_cyclic(|me| LocalCache {
             pd,
+            slack,
             cap,
             global_limit,
             owned: Arc::default(),
@@ -120,10 +136,10 @@ impl LocalCache {
     ///
     /// [`Error::ResourceLimit`] when a new buffer cannot be registered.
     pub(crate) fn take(&self, len: usize) -> Result<Option<UserMr>, Error> {
-        let Some(class) = class_of(len) else {
+        let Some(class) = class_of(len.saturating_sub(self.slack)) else {
             return Ok(None);
         };
-        let size = 1usize << class;
+        let size = (1usize << class) + self.slack;
         {
             let mut g = self.lock();
             if g.closed {
@@ -156,7 +172,7 @@ impl LocalCache {
     /// Takes back a buffer of the cache (from `UserMr`'s drop); a closed
     /// cache lets it go (deregistered).
     pub(crate) fn put(&self, mut mr: UserMr) {
-        let Some(class) = class_of(mr.len()) else {
+        let Some(class) = class_of(mr.len().saturating_sub(self.slack)) else {
             mr.set_home(None);
             return;
         };
