@@ -6,8 +6,9 @@
 //!   admitting only peers that present a ticket ([`Listener::bind_gated`],
 //!   [`connect_with_ticket`]),
 //! * small messages by SEND into pre-posted receive buffers with
-//!   credit-based flow control, large ones by RDMA WRITE into buffers the
-//!   peer advertised (rendezvous), see `docs/wire-protocol-rdma.md`,
+//!   credit-based flow control, large ones RDMA-READ by the receiver from
+//!   where the sender has them, or RDMA-WRITTEN into buffers the peer
+//!   advertised (rendezvous), see `docs/wire-protocol-rdma.md`,
 //! * a per-connection driver task owning all verbs resources and registered
 //!   memory (`docs/buffer-ownership.md`); the API halves talk to it through
 //!   channels, so dropping a future never frees memory the NIC may touch.
