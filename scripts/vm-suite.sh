@@ -70,7 +70,7 @@ if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
   run "behaviour suite over iWARP (SoftiWARP siw0; RDMA port announced over TCP)" \
     quiet env SOFTROCE_IP="$SOFTROCE_SIW_IP" timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --include-ignored --test-threads=1 --nocapture
 fi
-run "transport selection (WRITE path, mixed clients, fallback, reconnect)" \
+run "transport selection (rendezvous, mixed clients, fallback, reconnect)" \
   timeout 300 "$BEHAVIOUR_TEST" transports --include-ignored --test-threads=1
 
 run "reliability (peer killed, server restart, deadline storm, slow consumer, load: $RELIABILITY_LOAD_CALLS calls, churn: $RELIABILITY_CHURN_CYCLES cycles)" \

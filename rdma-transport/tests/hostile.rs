@@ -1898,3 +1898,74 @@ async fn announced_bodies_are_readable_only_as_announced_and_until_done() {
     })
     .await;
 }
+
+/// Wire §5.6: a peer that never answers RDV_DONE holds at most
+/// `MAX_READS` bodies of the listener's: the listener announces that many
+/// echoes and then waits (its connection stays up, nothing else is
+/// exposed); one RDV_DONE lets the next echo through. The key a peer gets
+/// for a body is read-only: a WRITE with it is refused by the NIC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn a_peer_that_never_answers_holds_at_most_max_reads_bodies() {
+    let Some(ip) = device_ip("a_peer_that_never_answers_holds_at_most_max_reads_bodies") else {
+        return;
+    };
+    within(180, "a peer that never answers RDV_DONE", async {
+        let case = "RDV_DONE never sent";
+        let server = EchoServer::start(ip, static_cfg()).await;
+        let (mut p, me) = raw(&server, |h| h.flags |= wire::HELLO_FLAG_READ).await;
+        let len = 600 << 10;
+        let max = wire::MAX_READS as u64;
+        // One at a time (the listener answers each with RDV_DONE before it
+        // echoes it): its echoes are announced, never answered.
+        let mut announced = Vec::new();
+        for i in 0..max {
+            let (h, _) = read_echo(&mut p, i, len, case).await;
+            announced.push(h);
+        }
+        let body = pattern(max, len);
+        let (st, _) = p.announce_read(&body).await.unwrap();
+        assert!(st.ok(), "{case}: {st:?}");
+        // The listener read it (its RDV_DONE comes) but announces no echo.
+        let mut kinds = Vec::new();
+        while let Some(m) = p.recv(Duration::from_millis(500)).await.unwrap() {
+            kinds.push(Header::decode(&m).unwrap().kind);
+        }
+        assert!(
+            !kinds.contains(&Kind::RdvRead),
+            "{case}: a {}th body announced while {max} were unanswered: {kinds:?}",
+            max + 1
+        );
+        assert!(
+            kinds.contains(&Kind::RdvDone),
+            "{case}: the listener read ours: {kinds:?}"
+        );
+        // The key of an announced body allows no WRITE.
+        let h0 = announced[0];
+        // One RDV_DONE: the held echo is announced.
+        let st = p
+            .send_header(Kind::RdvDone, |d| d.rdv_index = h0.rdv_index)
+            .await
+            .unwrap();
+        assert!(st.ok(), "{case}: {st:?}");
+        let m = recv_kind(&mut p, Kind::RdvRead, "the echo after one RDV_DONE").await;
+        let h = Header::decode(&m).unwrap();
+        assert_eq!(h.total_len, len as u64);
+        let (st, got) = p.read(len, h.addr, h.len).await.unwrap();
+        assert!(
+            st.ok() && got.unwrap() == body,
+            "{case}: the held echo: {st:?}"
+        );
+        let st = p.write(&[0x5A; 64], h.addr, h.len).await.unwrap();
+        expect_refused(
+            &server,
+            &mut p,
+            me,
+            &st,
+            "a WRITE with a body's read-only key",
+        )
+        .await;
+        server.others_still_work(case).await;
+    })
+    .await;
+}

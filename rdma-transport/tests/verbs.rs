@@ -582,13 +582,21 @@ async fn a_receiver_that_does_not_read_holds_back_the_sender() {
             "receiver not reading: {got} of {N} 1 MiB messages arrived, then the flow stopped ({:.1} s)",
             t.elapsed().as_secs_f64()
         );
-        // The limit (4 MiB), the message that crossed it, and what the peer
-        // could still send with the rendezvous buffers it held (16 x 256 KiB
-        // with the defaults).
+        // The limit (4 MiB), the message that crossed it, and what was on
+        // its way then: with messages read by the receiver (§5.6, the
+        // default for 1 MiB) the READs posted before the limit was crossed,
+        // at most MAX_READS (later ones are not posted until the
+        // application reads); by WRITE, what the peer could still send
+        // with the rendezvous buffers it held (16 x 256 KiB by default).
         let region_mib = (cfg.rendezvous_buffers as usize * cfg.rendezvous_buffer_bytes) >> 20;
+        let in_flight = if cfg.read_rendezvous {
+            u64::from(rdma_transport::engine::wire::MAX_READS)
+        } else {
+            region_mib as u64
+        };
         assert!(
-            (4..=4 + 1 + region_mib as u64).contains(&got),
-            "{got} MiB arrived for a 4 MiB receive queue and a {region_mib} MiB region"
+            (4..=4 + 1 + in_flight).contains(&got),
+            "{got} MiB arrived for a 4 MiB receive queue, {in_flight} MiB on its way"
         );
         assert!(!sender.is_finished(), "the sender is held back");
         // Reading resumes the flow; everything arrives, in order, intact.

@@ -98,8 +98,8 @@ async fn fallback_reason_when_no_device() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
-async fn rdma_write_path_and_mixed_clients() {
-    let Some(ip) = rdma_host("rdma_write_path_and_mixed_clients") else {
+async fn rdma_rendezvous_and_mixed_clients() {
+    let Some(ip) = rdma_host("rdma_rendezvous_and_mixed_clients") else {
         return;
     };
     let stats = Arc::new(Default::default());
@@ -133,7 +133,8 @@ async fn rdma_write_path_and_mixed_clients() {
         .await
         .unwrap();
 
-    // A large payload goes by RDMA WRITE: the rendezvous counters move.
+    // A large payload goes by rendezvous: read by the receiver where both
+    // sides offer it (the default, wire protocol §5.6), else RDMA WRITE.
     let before = rdma_transport::global_stats();
     let payload = vec![0x5Au8; 1 << 20];
     let r = EchoClient::new(rdma.clone())
@@ -146,13 +147,14 @@ async fn rdma_write_path_and_mixed_clients() {
         .into_inner();
     assert_eq!(r.payload, payload);
     let after = rdma_transport::global_stats();
-    assert!(
-        after.rendezvous_writes > before.rendezvous_writes,
+    assert_eq!(
+        after.reads_announced - before.reads_announced,
+        2,
         "{before:?} -> {after:?}"
     );
     assert!(
-        after.rendezvous_bytes - before.rendezvous_bytes >= 2 << 20,
-        "request and response (1 MiB each) went by RDMA WRITE: {before:?} -> {after:?}"
+        after.read_bytes - before.read_bytes >= 2 << 20,
+        "request and response (1 MiB each) were read by their receivers: {before:?} -> {after:?}"
     );
 
     // All three at the same time.

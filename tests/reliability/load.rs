@@ -124,12 +124,14 @@ async fn load_mixed_sizes_no_loss_no_rnr() {
             bad.lock().unwrap()
         );
         println!(
-            "  rdma-transport: {} messages sent, {} eager, {} inline, {} rendezvous WRITEs ({:.1} MiB), {} credit messages, {} connections",
+            "  rdma-transport: {} messages sent, {} eager, {} inline, {} rendezvous WRITEs ({:.1} MiB), {} read by the receiver ({:.1} MiB), {} credit messages, {} connections",
             st1.msgs_sent - st0.msgs_sent,
             st1.eager_sends - st0.eager_sends,
             st1.inline_sends - st0.inline_sends,
             st1.rendezvous_writes - st0.rendezvous_writes,
             (st1.rendezvous_bytes - st0.rendezvous_bytes) as f64 / 1048576.0,
+            st1.reads_announced - st0.reads_announced,
+            (st1.read_bytes - st0.read_bytes) as f64 / 1048576.0,
             st1.credit_msgs - st0.credit_msgs,
             st1.connections - st0.connections
         );
@@ -146,7 +148,10 @@ async fn load_mixed_sizes_no_loss_no_rnr() {
         }
         assert_eq!(ok, calls, "every call answered intact: {:?}", bad.lock().unwrap());
         assert!(large.load(SeqCst) > 0, "some calls went by rendezvous");
-        assert!(st1.rendezvous_writes > st0.rendezvous_writes);
+        assert!(
+            st1.rendezvous_writes + st1.reads_announced > st0.rendezvous_writes + st0.reads_announced,
+            "large messages went by rendezvous (WRITE or read by the receiver)"
+        );
         assert_eq!(st1.connections, st0.connections, "no reconnect under load");
         assert!(moved.is_empty(), "RNR / retry counters moved: {moved:?}");
         assert_eq!(stats.cancelled.load(SeqCst), 0);

@@ -114,14 +114,19 @@ async fn child_role() {
     }
 }
 
-/// Waits until RDMA WRITE rendezvous bytes are moving in this process, i.e.
-/// a large message is in flight right now.
+/// Waits until a large message is moving in this process right now:
+/// rendezvous bytes RDMA-WRITTEN, messages announced for reading, or bytes
+/// read (wire protocol §5, §5.6).
 async fn wait_rendezvous_moving() -> u64 {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let moved = || {
+        let s = rdma_transport::global_stats();
+        s.rendezvous_bytes + s.read_bytes + s.reads_announced
+    };
     loop {
-        let a = rdma_transport::global_stats().rendezvous_bytes;
+        let a = moved();
         tokio::time::sleep(Duration::from_millis(30)).await;
-        let b = rdma_transport::global_stats().rendezvous_bytes;
+        let b = moved();
         if b > a {
             return b - a;
         }

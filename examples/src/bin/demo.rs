@@ -201,11 +201,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let rdma = rdma_transport::global_stats();
     println!(
-        "\nsummary: transport {}, RDMA messages sent {}, RDMA WRITE chunks {} ({} bytes)",
+        "\nsummary: transport {}, RDMA messages sent {}, RDMA WRITE chunks {} ({} bytes), read by the receiver {} ({} bytes)",
         channel.transport(),
         rdma.msgs_sent,
         rdma.rendezvous_writes,
-        rdma.rendezvous_bytes
+        rdma.rendezvous_bytes,
+        rdma.reads_announced,
+        rdma.read_bytes
     );
     drop(channel);
     server.shutdown().await?;

@@ -1,6 +1,7 @@
 //! Memory on demand's idle release (§4.7, §5.5): once per idle interval,
 //! what went unused for a whole interval is given back (grown credits, our
-//! rendezvous region, the staging buffers, the grown send ring).
+//! rendezvous region, the staging buffers, the grown send ring, the
+//! buffers kept for messages read from the peer).
 
 use super::{Buffers, Engine, LocalRdv, Revoke};
 
@@ -13,6 +14,7 @@ impl Engine {
             || self.staging_open
             || self.send_active > self.cfg.initial_send()
             || self.revocable()
+            || self.read_cache_open
     }
 
     /// Memory on demand (§5.5), called by the driver once per idle
@@ -53,6 +55,13 @@ impl Engine {
             self.staging_open = false;
         }
         self.staging_used = false;
+        // §5.6: the buffers kept for messages read from the peer, when no
+        // READ started during the interval and none is in progress.
+        if self.read_cache_open && !self.read_used && self.reads.is_empty() {
+            bufs.close_read_cache();
+            self.read_cache_open = false;
+        }
+        self.read_used = false;
         let initial = self.cfg.initial_send();
         if self.send_active > initial
             && self.free_send.len() == self.send_active as usize

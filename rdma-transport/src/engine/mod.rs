@@ -145,6 +145,10 @@ pub trait Buffers {
             "no memory for messages read from the peer".into(),
         ))
     }
+    /// §5.6: memory on demand: no READ for an idle interval, none in
+    /// progress; the buffers kept for the next ones may go (those the
+    /// application still holds go when it drops them).
+    fn close_read_cache(&mut self) {}
     /// §5.6: the READ into destination `id` completed: the whole buffer,
     /// handed up (the engine never touches it again).
     ///
@@ -496,6 +500,11 @@ pub struct Engine {
     sq_reads: u32,
     /// §5.6: RDV_DONEs to send.
     done_due: VecDeque<u32>,
+    /// §5.6: buffers for messages read from the peer may be kept
+    /// ([`Buffers::close_read_cache`] not called since the last READ).
+    read_cache_open: bool,
+    /// §5.6: a READ started since the last idle tick.
+    read_used: bool,
     // --- receive side (§4.3, §5.3) ---
     recv_gen: Vec<u32>,
     /// Receive slots posted (`0..recv_active`) = the peer's credit limit.
@@ -598,6 +607,8 @@ impl Engine {
             reads: VecDeque::new(),
             sq_reads: 0,
             done_due: VecDeque::new(),
+            read_cache_open: false,
+            read_used: false,
             recv_gen: vec![0; cfg.recv_slots as usize],
             recv_active: if cfg.on_demand {
                 initial_recv

@@ -158,6 +158,8 @@ impl Engine {
         let dest = bufs
             .open_dest(&head_bytes, body)
             .map_err(EngineError::Resource)?;
+        self.read_cache_open = true;
+        self.read_used = true;
         self.reads.push_back(ReadJob {
             dest,
             src: h.rdv_index,
@@ -180,6 +182,12 @@ impl Engine {
     /// response has arrived, so a later completion does not cover it (§7).
     #[inline]
     pub(super) fn post_reads(&mut self) {
+        // §4.5: an application over its queue limit holds back the READs
+        // too: the bytes stay with the sender, which stops after
+        // MAX_READS unanswered announcements.
+        if self.hold_returns {
+            return;
+        }
         for i in 0..self.reads.len() {
             if self.reads[i].seq.is_some() {
                 continue;

@@ -47,6 +47,8 @@ struct Mem {
     exposed: Vec<Option<bool>>,
     /// §5.6: our READs' destinations (`None` once taken).
     dests: Vec<Option<Vec<u8>>>,
+    /// §5.6: close_read_cache calls.
+    read_cache_closes: u32,
 }
 
 impl Buffers for Mem {
@@ -165,6 +167,13 @@ impl Buffers for Mem {
         v[..head.len()].copy_from_slice(head);
         self.dests.push(Some(v));
         Ok(self.dests.len() as u32 - 1)
+    }
+    fn close_read_cache(&mut self) {
+        assert!(
+            self.dests.iter().all(Option::is_none),
+            "the read buffers released with a READ posted"
+        );
+        self.read_cache_closes += 1;
     }
     fn take_dest(&mut self, id: u32) -> Result<Bytes, ResourceError> {
         let v = self.dests[id as usize]
@@ -287,6 +296,7 @@ impl P {
             refuse_sources: false,
             exposed: Vec::new(),
             dests: Vec::new(),
+            read_cache_closes: 0,
         }
     }
     fn engine(&self, peer: &P) -> Engine {
@@ -3392,4 +3402,48 @@ fn a_bad_rdv_read_or_done_is_a_protocol_error() {
             max: wire::MAX_READS
         }))
     );
+}
+
+/// §5.6 with memory on demand: the buffers kept for messages read from
+/// the peer go after an idle interval with no READ, not while one is in
+/// progress, and not after an interval in which one started.
+#[test]
+fn read_buffers_go_after_an_idle_interval() {
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    a.e.submit(pattern(1, 6000));
+    a.e.progress(&mut a.mem).unwrap();
+    a.run_actions();
+    while deliver(&mut a, &mut b) {}
+    b.process(64);
+    assert_eq!(b.e.reads_in_progress(), 1, "the READ is posted");
+    b.e.on_idle_tick(&mut b.mem);
+    assert_eq!(
+        b.mem.read_cache_closes, 0,
+        "not while a READ is in progress"
+    );
+    pump(&mut a, &mut b);
+    assert_eq!(b.got.len(), 1);
+    b.e.on_idle_tick(&mut b.mem);
+    assert_eq!(
+        b.mem.read_cache_closes, 1,
+        "no READ started in the interval: released"
+    );
+    assert!(!b.e.has_releasable() || b.e.local_rdv == LocalRdv::Static);
+    // Another message read: not released at the end of its interval,
+    // released at the end of the next.
+    a.e.submit(pattern(2, 6000));
+    pump(&mut a, &mut b);
+    assert_eq!(b.got.len(), 2);
+    b.e.on_idle_tick(&mut b.mem);
+    assert_eq!(b.mem.read_cache_closes, 1, "a READ started in the interval");
+    b.e.on_idle_tick(&mut b.mem);
+    assert_eq!(b.mem.read_cache_closes, 2);
+    b.e.on_idle_tick(&mut b.mem);
+    assert_eq!(b.mem.read_cache_closes, 2, "once");
 }

@@ -859,6 +859,13 @@ impl Buffers for ConnMemory {
         }
         Ok(id32)
     }
+    fn close_read_cache(&mut self) {
+        // No READ is posted (the engine checked): the free buffers are
+        // deregistered now, those the application holds when it drops them.
+        if let Some(c) = self.dest_cache.take() {
+            c.close();
+        }
+    }
     fn take_dest(&mut self, id: u32) -> Result<Bytes, ResourceError> {
         let (mr, total) = self
             .dests
