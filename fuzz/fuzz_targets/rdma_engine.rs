@@ -19,8 +19,9 @@
 //! before the engine released it, and every release names a source held.
 //! Reading by the receiver (§5.6) is on when the input says so: the peer
 //! forges RDV_READ and RDV_DONE at will; a READ lands only inside a
-//! destination the engine opened and has not taken, a window is bound only
-//! over a body exposed and not released.
+//! destination the engine opened and has not taken (or, with none to be
+//! had, inside a registered staging buffer), a window is bound only over
+//! a body exposed and not released.
 #![no_main]
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
@@ -53,6 +54,8 @@ struct Mem {
     sources: Vec<Option<usize>>,
     /// READ destinations (§5.6): their length, `None` once taken.
     dests: Vec<Option<usize>>,
+    /// open_dest refuses (the cap): READs go through the staging buffers.
+    refuse_dests: bool,
 }
 
 impl Buffers for Mem {
@@ -130,6 +133,9 @@ impl Buffers for Mem {
         })
     }
     fn open_dest(&mut self, head: &[u8], len: usize) -> Result<u32, ResourceError> {
+        if self.refuse_dests {
+            return Err(ResourceError::Other("over the cap".into()));
+        }
         let total = head.len() + len;
         assert!(total <= MAX_MESSAGE, "a destination of {total} bytes");
         self.dests.push(Some(total));
@@ -253,6 +259,15 @@ fn drain(
                 );
                 sq.push_back(wr_id);
             }
+            Action::PostReadStaging {
+                staging, len, wr_id, ..
+            } => {
+                assert!(
+                    staging < RDV_COUNT && len <= RDV_BYTES && mem.staging_open,
+                    "READ of {len} bytes into staging {staging}"
+                );
+                sq.push_back(wr_id);
+            }
             Action::PostRead {
                 dest, off, len, wr_id, ..
             } => {
@@ -349,6 +364,7 @@ fuzz_target!(|data: &[u8]| {
         staging_open: false,
         sources: Vec::new(),
         dests: Vec::new(),
+        refuse_dests: first & 64 != 0,
     };
     let mut posted = VecDeque::new();
     let mut sq = VecDeque::new();

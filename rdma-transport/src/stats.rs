@@ -53,6 +53,10 @@ stats! {
     /// Bytes RDMA-READ from the peer into buffers handed to the
     /// application as they are (wire-protocol-rdma §5.6).
     read_bytes,
+    /// Of the messages read from the peer, those that got no buffer of
+    /// their own (the registered-memory cap) and were read through the
+    /// staging buffers and copied (wire-protocol-rdma §5.6).
+    reads_staged,
     /// Explicit credit-return messages sent.
     credit_msgs,
     /// Completion-channel events consumed.
@@ -158,6 +162,11 @@ impl ConnStats {
                 &self.read_bytes,
                 &GLOBAL.read_bytes,
                 now.read_bytes - last.read_bytes,
+            ),
+            (
+                &self.reads_staged,
+                &GLOBAL.reads_staged,
+                now.reads_staged - last.reads_staged,
             ),
             (
                 &self.credit_msgs,

@@ -1171,6 +1171,26 @@ async fn large_payloads_are_read_by_the_receiver() {
             "a kept message never changes"
         );
         drop((tx, rx, kept));
+
+        // A cap that leaves room for the sender's 16 MiB and the staging
+        // buffers but not for a 16 MiB buffer at the receiver: read
+        // through the staging buffers and copied, intact.
+        let capped = Config {
+            global_max_registered_bytes: registered_bytes() + (24 << 20),
+            ..cfg.clone()
+        };
+        let (c, s) = pair(ip, &capped).await;
+        let (cst, sst) = (c.stats(), s.stats());
+        let (mut tx, _crx) = c.split();
+        let (_stx, mut rx) = s.split();
+        tx.send(pattern(99, 16 << 20)).await.expect("send");
+        let m = rx.recv().await.expect("recv").expect("message");
+        assert!(m == pattern(99, 16 << 20), "content under the cap");
+        let (c, r) = (cst.snapshot(), sst.snapshot());
+        assert_eq!(c.reads_announced, 1, "{c:?}");
+        assert_eq!(r.reads_staged, 1, "read through the staging buffers: {r:?}");
+        assert_eq!(r.read_bytes, 16 << 20);
+        drop((tx, rx, m));
     })
     .await
     .expect("timeout");

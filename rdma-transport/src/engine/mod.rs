@@ -242,6 +242,20 @@ pub enum Action {
         /// Request a completion.
         signaled: bool,
     },
+    /// §5.6, the copy fallback: RDMA READ `len` bytes at (`remote_addr`,
+    /// `rkey`) into staging buffer `staging`; always signalled.
+    PostReadStaging {
+        /// Staging buffer index.
+        staging: u32,
+        /// Bytes (at most a staging buffer).
+        len: usize,
+        /// Peer virtual address.
+        remote_addr: u64,
+        /// Peer rkey.
+        rkey: u32,
+        /// Work request id.
+        wr_id: u64,
+    },
     /// §5.6: RDMA READ `len` bytes at (`remote_addr`, `rkey`) into read
     /// destination `dest` ([`Buffers::open_dest`]) from offset `off`;
     /// always signalled.
@@ -452,6 +466,9 @@ pub struct EngineCounters {
     pub read_announced: u64,
     /// Bytes read from the peer by RDMA READ (§5.6).
     pub read_bytes: u64,
+    /// Of the messages read, those read through the staging buffers and
+    /// copied, no buffer of their own registrable (§5.6).
+    pub reads_staged: u64,
 }
 
 /// The per-connection protocol state machine.
@@ -755,7 +772,7 @@ impl Engine {
         self.grow_send_ring(bufs);
         self.post_credit_control(bufs);
         self.post_rdv_control(bufs)?;
-        self.post_reads();
+        self.post_reads(bufs)?;
         self.post_read_done(bufs);
         self.post_pending(bufs)?;
         self.post_keepalive();

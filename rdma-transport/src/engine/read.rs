@@ -4,28 +4,69 @@
 //! write), delivers it in order with the other messages, and answers
 //! RDV_DONE, after which the sender lets the body go.
 
+use std::collections::VecDeque;
+
+use bytes::BytesMut;
+
 use super::send_ring::Outgoing;
 use super::wire::{Header, Kind, HDR_LEN, MAX_READS, READ_MAX};
 use super::{sq_wr_id, Action, Buffers, Engine, EngineError, Event, PeerMisbehaved};
 
 /// A message being read (receiver side, §5.6).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(super) struct ReadJob {
-    /// Our destination buffer ([`Buffers::open_dest`]).
-    dest: u32,
     /// The sender's name for the body (answered in RDV_DONE).
     src: u32,
-    /// Where in `dest` the body goes (after the head the RDV_READ carried).
+    /// Where the body goes in the message (after the head the RDV_READ
+    /// carried).
     off: usize,
     /// Body bytes.
     len: usize,
     /// The body, at the sender.
     addr: u64,
     rkey: u32,
-    /// The READ's send-queue sequence number, once posted (§7).
-    seq: Option<u64>,
-    /// Its own completion was polled.
-    done: bool,
+    how: How,
+}
+
+/// Where a message is read to.
+#[derive(Debug)]
+enum How {
+    /// One READ into a buffer of its own ([`Buffers::open_dest`]).
+    Direct {
+        dest: u32,
+        /// The READ's send-queue sequence number, once posted (§7).
+        seq: Option<u64>,
+        /// Its own completion was polled.
+        done: bool,
+    },
+    /// No buffer could be registered for it (the registered-memory cap):
+    /// READs of a staging buffer's size into free staging buffers, each
+    /// copied out into `buf` when its completion is polled.
+    Staged {
+        buf: BytesMut,
+        /// Body bytes whose READ is posted.
+        next: usize,
+        pieces: VecDeque<Piece>,
+    },
+}
+
+/// One READ of a staged message: `len` body bytes from offset `off` into
+/// staging buffer `staging`.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    seq: u64,
+    staging: u32,
+    off: usize,
+    len: usize,
+}
+
+impl ReadJob {
+    fn done(&self) -> bool {
+        match &self.how {
+            How::Direct { done, .. } => *done,
+            How::Staged { next, pieces, .. } => *next == self.len && pieces.is_empty(),
+        }
+    }
 }
 
 /// What is delivered next (§5.6: a message being read holds back those
@@ -155,24 +196,39 @@ impl Engine {
         }
         let body = h.total_len as usize; // <= max_message, a usize
         let head_bytes = bufs.recv_slot(slot)[HDR_LEN..len].to_vec();
-        let dest = bufs
-            .open_dest(&head_bytes, body)
-            .map_err(EngineError::Resource)?;
-        self.read_cache_open = true;
+        let how = match bufs.open_dest(&head_bytes, body) {
+            Ok(dest) => {
+                self.read_cache_open = true;
+                How::Direct {
+                    dest,
+                    seq: None,
+                    done: false,
+                }
+            }
+            // No buffer could be registered for it: read through the
+            // staging buffers and copy (the copy fallback, §5.6).
+            Err(_) => {
+                let mut buf = BytesMut::zeroed(head + body);
+                buf[..head].copy_from_slice(&head_bytes);
+                self.counters.reads_staged += 1;
+                How::Staged {
+                    buf,
+                    next: 0,
+                    pieces: VecDeque::new(),
+                }
+            }
+        };
         self.read_used = true;
         self.reads.push_back(ReadJob {
-            dest,
             src: h.rdv_index,
             off: head,
             len: body,
             addr: h.addr,
             rkey: h.len,
-            seq: None,
-            done: false,
+            how,
         });
         self.inbox.push_back(Inbound::Reading);
-        self.post_reads();
-        Ok(())
+        self.post_reads(bufs)
     }
 
     /// §5.6: posts the READs not posted yet, in order, while the send
@@ -180,35 +236,98 @@ impl Engine {
     /// tracked by its own completion, not in the send records: iWARP
     /// (siw) completes SENDs posted after a READ before the READ's
     /// response has arrived, so a later completion does not cover it (§7).
+    /// A staged message takes free staging buffers (registered when first
+    /// needed; failing that, the connection ends with the cap).
     #[inline]
-    pub(super) fn post_reads(&mut self) {
+    pub(super) fn post_reads<B: Buffers + ?Sized>(
+        &mut self,
+        bufs: &mut B,
+    ) -> Result<(), EngineError> {
         // §4.5: an application over its queue limit holds back the READs
         // too: the bytes stay with the sender, which stops after
         // MAX_READS unanswered announcements.
         if self.hold_returns {
-            return;
+            return Ok(());
         }
         for i in 0..self.reads.len() {
-            if self.reads[i].seq.is_some() {
-                continue;
+            match self.reads[i].how {
+                How::Direct { seq: Some(_), .. } => continue,
+                How::Direct { dest, .. } => {
+                    if !self.sq_room(2) {
+                        break;
+                    }
+                    let seq = self.next_read_seq();
+                    let r = &mut self.reads[i];
+                    r.how = How::Direct {
+                        dest,
+                        seq: Some(seq),
+                        done: false,
+                    };
+                    self.actions.push(Action::PostRead {
+                        dest,
+                        off: r.off,
+                        len: r.len,
+                        remote_addr: r.addr,
+                        rkey: r.rkey,
+                        wr_id: sq_wr_id(seq),
+                    });
+                }
+                How::Staged { next, .. } => {
+                    let mut next = next;
+                    while next < self.reads[i].len
+                        && !self.free_staging.is_empty()
+                        && self.sq_room(2)
+                    {
+                        if !self.staging_open {
+                            bufs.open_staging().map_err(EngineError::Resource)?;
+                            self.staging_open = true;
+                        }
+                        self.staging_used = true;
+                        let st = self.free_staging.pop_front().expect("checked");
+                        let seq = self.next_read_seq();
+                        let r = &mut self.reads[i];
+                        let len = self.cfg.staging_bytes.min(r.len - next);
+                        // next < len <= READ_MAX, and the announced range
+                        // does not wrap (checked): no overflow.
+                        self.actions.push(Action::PostReadStaging {
+                            staging: st,
+                            len,
+                            remote_addr: r.addr + next as u64,
+                            rkey: r.rkey,
+                            wr_id: sq_wr_id(seq),
+                        });
+                        if let How::Staged {
+                            next: n, pieces, ..
+                        } = &mut r.how
+                        {
+                            pieces.push_back(Piece {
+                                seq,
+                                staging: st,
+                                off: next,
+                                len,
+                            });
+                            *n = next + len;
+                        }
+                        next += len;
+                    }
+                    if next < self.reads[i].len {
+                        // Out of staging buffers or room: later messages
+                        // wait (the staging buffers come back in order).
+                        break;
+                    }
+                }
             }
-            if !self.sq_room(2) {
-                break;
-            }
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            self.sq_reads += 1;
-            let r = &mut self.reads[i];
-            r.seq = Some(seq);
-            self.actions.push(Action::PostRead {
-                dest: r.dest,
-                off: r.off,
-                len: r.len,
-                remote_addr: r.addr,
-                rkey: r.rkey,
-                wr_id: sq_wr_id(seq),
-            });
         }
+        Ok(())
+    }
+
+    /// A send-queue sequence number for a READ, tracked by its own
+    /// completion.
+    fn next_read_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.sq_reads += 1;
+        seq
     }
 
     /// §5.6: a send-queue completion that is a READ's own: whether it was,
@@ -222,12 +341,36 @@ impl Engine {
         if self.sq_reads == 0 {
             return Ok(false);
         }
-        let Some(job) = self.reads.iter_mut().find(|j| j.seq == Some(seq)) else {
+        let mut found = false;
+        for j in self.reads.iter_mut() {
+            match &mut j.how {
+                How::Direct {
+                    seq: Some(s), done, ..
+                } if *s == seq => {
+                    *done = true;
+                    found = true;
+                }
+                How::Staged { buf, pieces, .. } => {
+                    let Some(at) = pieces.iter().position(|p| p.seq == seq) else {
+                        continue;
+                    };
+                    let p = pieces.remove(at).expect("found");
+                    // The READ completed: the staging buffer holds its bytes
+                    // and nothing else writes it until it is posted again.
+                    let from = j.off + p.off;
+                    buf[from..from + p.len].copy_from_slice(&bufs.staging(p.staging)[..p.len]);
+                    self.free_staging.push_back(p.staging);
+                    found = true;
+                }
+                How::Direct { .. } => continue,
+            }
+            break;
+        }
+        if !found {
             return Ok(false);
-        };
-        job.done = true;
+        }
         self.sq_reads -= 1;
-        while self.reads.front().is_some_and(|j| j.done) {
+        while self.reads.front().is_some_and(ReadJob::done) {
             self.finish_read(bufs)?;
         }
         Ok(true)
@@ -240,7 +383,10 @@ impl Engine {
             .reads
             .pop_front()
             .expect("the caller saw a finished read job");
-        let msg = bufs.take_dest(job.dest).map_err(EngineError::Resource)?;
+        let msg = match job.how {
+            How::Direct { dest, .. } => bufs.take_dest(dest).map_err(EngineError::Resource)?,
+            How::Staged { buf, .. } => buf.freeze(),
+        };
         self.counters.msgs_recv += 1;
         self.counters.bytes_recv += msg.len() as u64;
         self.counters.read_bytes += job.len as u64;

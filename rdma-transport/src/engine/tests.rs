@@ -49,6 +49,8 @@ struct Mem {
     dests: Vec<Option<Vec<u8>>>,
     /// §5.6: close_read_cache calls.
     read_cache_closes: u32,
+    /// §5.6: open_dest refuses (the cap): the copy fallback.
+    refuse_dests: bool,
 }
 
 impl Buffers for Mem {
@@ -160,7 +162,7 @@ impl Buffers for Mem {
         })
     }
     fn open_dest(&mut self, head: &[u8], len: usize) -> Result<u32, ResourceError> {
-        if self.refuse {
+        if self.refuse || self.refuse_dests {
             return Err(ResourceError::Other("over the cap".into()));
         }
         let mut v = vec![0xAB; head.len() + len];
@@ -210,6 +212,8 @@ struct P {
     /// The "NIC" executes a READ after the work request posted next, as
     /// iWARP (siw) completes SENDs posted after a READ before the READ.
     late_reads: bool,
+    /// No buffer can be registered for a READ (§5.6: the copy fallback).
+    refuse_dests: bool,
 }
 
 impl P {
@@ -231,6 +235,7 @@ impl P {
             zero_copy: 0,
             read: false,
             late_reads: false,
+            refuse_dests: false,
         }
     }
     /// Memory on demand, rings starting at 4 of 8 slots.
@@ -297,6 +302,7 @@ impl P {
             exposed: Vec::new(),
             dests: Vec::new(),
             read_cache_closes: 0,
+            refuse_dests: self.refuse_dests,
         }
     }
     fn engine(&self, peer: &P) -> Engine {
@@ -348,6 +354,15 @@ enum Op {
     },
     /// §5.6: a window bound over exposed source `id`.
     Bind { id: u32, wr_id: u64, signaled: bool },
+    /// §5.6: a READ of the peer's exposed body into staging buffer
+    /// `staging` (the copy fallback).
+    ReadStaging {
+        staging: u32,
+        len: usize,
+        addr: u64,
+        rkey: u32,
+        wr_id: u64,
+    },
     /// §5.6: a READ of the peer's exposed body into destination `dest`.
     Read {
         dest: u32,
@@ -453,6 +468,19 @@ impl Side {
                     wr_id,
                     signaled,
                 }),
+                Action::PostReadStaging {
+                    staging,
+                    len,
+                    remote_addr,
+                    rkey,
+                    wr_id,
+                } => self.wire.push_back(Op::ReadStaging {
+                    staging,
+                    len,
+                    addr: remote_addr,
+                    rkey,
+                    wr_id,
+                }),
                 Action::PostRead {
                     dest,
                     off,
@@ -515,7 +543,12 @@ impl Side {
 /// The "NIC": executes the next op `from` posted, reading the sender's
 /// memory at execution time (so premature buffer reuse corrupts data).
 fn deliver(from: &mut Side, to: &mut Side) -> bool {
-    if from.late_reads && from.wire.len() > 1 && matches!(from.wire.front(), Some(Op::Read { .. }))
+    if from.late_reads
+        && from.wire.len() > 1
+        && matches!(
+            from.wire.front(),
+            Some(Op::Read { .. } | Op::ReadStaging { .. })
+        )
     {
         // iWARP: what was posted after a READ completes before it.
         from.wire.swap(0, 1);
@@ -707,6 +740,35 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
                 .as_mut()
                 .expect("READ into a destination taken");
             d[off..off + len].copy_from_slice(&body[at..at + len]);
+            from.cq.push_back(Completion {
+                wr_id,
+                ok: true,
+                status: 0,
+                byte_len: len as u32,
+                imm: Imm::None,
+            });
+        }
+        Op::ReadStaging {
+            staging,
+            len,
+            addr,
+            rkey,
+            wr_id,
+        } => {
+            let id = rkey.wrapping_sub(EXPOSED_RKEY);
+            assert_eq!(
+                to.mem.exposed.get(id as usize).copied().flatten(),
+                Some(true),
+                "READ of a body not exposed, released, or not bound yet"
+            );
+            let at = addr
+                .checked_sub(EXPOSED_BASE + (u64::from(id) << 32))
+                .expect("READ below the body") as usize;
+            let body = to.mem.sources[id as usize]
+                .clone()
+                .expect("READ of a released source");
+            assert!(at + len <= body.len(), "READ beyond the body");
+            from.mem.staging(staging)[..len].copy_from_slice(&body[at..at + len]);
             from.cq.push_back(Completion {
                 wr_id,
                 ok: true,
@@ -1634,6 +1696,8 @@ proptest! {
         pb.read = seed & 4096 != 0;
         pa.late_reads = seed & 8192 != 0;
         pb.late_reads = seed & 16384 != 0;
+        pa.refuse_dests = seed & 32768 != 0;
+        pb.refuse_dests = seed & 65536 != 0;
         run_pair(pa, pb, &a_msgs, &b_msgs, seed);
     }
 }
@@ -1673,6 +1737,7 @@ proptest! {
             // §5.6: and with reading on, read by the receiver instead.
             read: seed & 8 != 0,
             late_reads: seed & 16 != 0,
+            refuse_dests: seed & 32 != 0,
             ..P::on_demand()
         };
         let mut a = Side::new(&p, &p);
@@ -2060,7 +2125,7 @@ fn the_passive_side_answers_the_first_message_at_once() {
                 let at = *slot as usize * b.mem.slot;
                 Header::decode(&b.mem.send[at..at + HDR_LEN]).unwrap().kind
             }
-            Op::Write { .. } | Op::Bind { .. } | Op::Read { .. } => {
+            Op::Write { .. } | Op::Bind { .. } | Op::Read { .. } | Op::ReadStaging { .. } => {
                 panic!("P wrote before answering")
             }
         })
@@ -3207,7 +3272,7 @@ fn a_large_body_is_read_by_the_receiver_and_released_after_its_done() {
                 "RDV_READ"
             }
             Op::Write { .. } => "write",
-            Op::Read { .. } => "read",
+            Op::Read { .. } | Op::ReadStaging { .. } => "read",
         })
         .collect();
     assert_eq!(ops, ["bind", "RDV_READ"]);
@@ -3446,4 +3511,36 @@ fn read_buffers_go_after_an_idle_interval() {
     assert_eq!(b.mem.read_cache_closes, 2);
     b.e.on_idle_tick(&mut b.mem);
     assert_eq!(b.mem.read_cache_closes, 2, "once");
+}
+
+/// §5.6, the copy fallback: no buffer can be registered for a message
+/// read from the peer (the cap), so it is read through the staging
+/// buffers, a staging buffer's worth per READ, and copied out; it arrives
+/// the same, in order with the others, and every staging buffer comes
+/// back.
+#[test]
+fn a_message_with_no_buffer_of_its_own_is_read_through_staging() {
+    for late_reads in [false, true] {
+        let p = P {
+            zero_copy: 5000,
+            read: true,
+            refuse_dests: true,
+            late_reads,
+            slots: 16,
+            ..P::small()
+        };
+        let (mut a, mut b) = connect(&p);
+        pump(&mut a, &mut b);
+        let msgs = [pattern(1, 3 * 4096 + 100), pattern(2, 50), pattern(3, 9000)];
+        for m in &msgs {
+            a.e.submit(m.clone());
+        }
+        pump(&mut a, &mut b);
+        assert_eq!(b.got, msgs, "late_reads {late_reads}");
+        assert_eq!(b.e.counters.reads_staged, 2);
+        assert_eq!(b.e.counters.read_bytes, (3 * 4096 + 100 + 9000) as u64);
+        assert_eq!(b.e.free_staging.len(), p.rdv_count as usize, "all back");
+        assert!(b.mem.dests.is_empty(), "no buffer of their own");
+        assert!(a.mem.sources.iter().all(Option::is_none), "released");
+    }
 }

@@ -491,6 +491,43 @@ impl ConnMemory {
                         return Err(e);
                     }
                 }
+                Action::PostReadStaging {
+                    staging,
+                    len,
+                    remote_addr,
+                    rkey,
+                    wr_id,
+                } => {
+                    let st = staging as usize;
+                    assert!(st < self.sz.rdv_count && len <= self.sz.rdv_bytes);
+                    let b = self
+                        .staging
+                        .as_ref()
+                        .expect("a READ into staging buffers that are registered");
+                    let d = OneSidedDesc {
+                        wr_id,
+                        read: true,
+                        addr: b.addr() + (st * self.sz.rdv_bytes) as u64,
+                        len: len as u32,
+                        lkey: b.lkey(),
+                        remote_addr,
+                        rkey,
+                    };
+                    if let Err(e) = Self::flush_sends(qp, &mut sends) {
+                        self.recvs = recvs;
+                        self.sends = sends;
+                        return Err(e);
+                    }
+                    // SAFETY: the range is staging buffer `st` (checked
+                    // above), registered with local write; the engine reads
+                    // it only after this READ's completion and posts nothing
+                    // else into it meanwhile; Drop frees it after the QP.
+                    if let Err(e) = unsafe { qp.post_one_sided(&d) } {
+                        self.recvs = recvs;
+                        self.sends = sends;
+                        return Err(e);
+                    }
+                }
                 Action::PostRead {
                     dest,
                     off,
