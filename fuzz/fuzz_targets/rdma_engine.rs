@@ -27,7 +27,7 @@ use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
 use rdma_transport::engine::wire::{Hello, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_READ, VERSION};
 use rdma_transport::engine::{
-    sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, Exposure, Imm,
+    sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, ExposedBody, Imm,
     ResourceError, WriteSource,
 };
 use std::collections::VecDeque;
@@ -121,11 +121,11 @@ impl Buffers for Mem {
         let s = self.sources.get_mut(id as usize).expect("a source never registered");
         assert!(s.take().is_some(), "source {id} released twice");
     }
-    fn expose_source(&mut self, body: &Bytes) -> Option<Exposure> {
+    fn expose_source(&mut self, body: &Bytes) -> Option<ExposedBody> {
         assert!(!body.is_empty(), "an empty body exposed");
         self.sources.push(Some(body.len()));
         let id = self.sources.len() as u32 - 1;
-        Some(Exposure {
+        Some(ExposedBody {
             id,
             addr: 0x5000_0000 + (u64::from(id) << 20),
             rkey: 0x77,

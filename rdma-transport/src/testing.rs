@@ -255,7 +255,7 @@ impl RawPeer {
     pub async fn announce_read(
         &mut self,
         body: &bytes::Bytes,
-    ) -> Result<(WcStatus, crate::engine::Exposure), Error> {
+    ) -> Result<(WcStatus, crate::engine::ExposedBody), Error> {
         self.settle()?;
         let x = self
             .hs

@@ -1112,7 +1112,6 @@ async fn large_payloads_are_read_by_the_receiver() {
     let Some(ip) = device_ip("large_payloads_are_read_by_the_receiver") else {
         return;
     };
-    let in_use = || registered_bytes() - rdma_transport::pool_idle_bytes();
     let base = in_use();
     let cfg = Config::default();
     assert!(cfg.read_rendezvous, "on by default");
@@ -1194,17 +1193,28 @@ async fn large_payloads_are_read_by_the_receiver() {
     })
     .await
     .expect("timeout");
+    settle_in_use(base).await;
+    assert_eq!(
+        in_use(),
+        base,
+        "every registration went with its connection"
+    );
+}
+
+/// Registered bytes in use: all but the device pools' idle blocks.
+fn in_use() -> usize {
+    registered_bytes() - rdma_transport::pool_idle_bytes()
+}
+
+/// Waits (up to 10 s) until the registered bytes in use are back at
+/// `base`: a closed connection's driver deregisters after it ended.
+async fn settle_in_use(base: usize) {
     for _ in 0..200 {
         if in_use() <= base {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        in_use(),
-        base,
-        "every registration went with its connection"
-    );
 }
 
 /// Zero-copy send (wire §5.1) when the receiver goes away mid-stream: the
@@ -1221,15 +1231,14 @@ async fn a_receiver_gone_mid_stream_leaves_no_source_registered() {
     let Some(ip) = device_ip("a_receiver_gone_mid_stream_leaves_no_source_registered") else {
         return;
     };
-    let in_use = || registered_bytes() - rdma_transport::pool_idle_bytes();
     // Bodies WRITTEN from where they are (§5.1), then bodies the receiver
     // reads (§5.6).
     for read in [false, true] {
-        gone_mid_stream(ip, read, in_use).await;
+        gone_mid_stream(ip, read).await;
     }
 }
 
-async fn gone_mid_stream(ip: IpAddr, read: bool, in_use: impl Fn() -> usize) {
+async fn gone_mid_stream(ip: IpAddr, read: bool) {
     let base = in_use();
     let cfg = Config {
         read_rendezvous: read,
@@ -1278,12 +1287,7 @@ async fn gone_mid_stream(ip: IpAddr, read: bool, in_use: impl Fn() -> usize) {
     })
     .await
     .expect("timeout: the receiver's end not seen");
-    for _ in 0..200 {
-        if in_use() <= base {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    settle_in_use(base).await;
     assert_eq!(
         in_use(),
         base,

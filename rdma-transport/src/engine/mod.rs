@@ -46,7 +46,7 @@ use bytes::{Bytes, BytesMut};
 
 pub use self::clock::{Fired, TimerConfig, SETUP_KICK_FIRST, SETUP_KICK_LAST};
 use self::credits::Revoke;
-pub use self::read::Exposure;
+pub use self::read::ExposedBody;
 use self::read::{Inbound, ReadJob};
 use self::rendezvous::{LocalRdv, PeerRdv, Reassembly};
 use self::send_ring::{Held, Outgoing};
@@ -130,7 +130,7 @@ pub trait Buffers {
     /// else (no write access), keeping it (a clone) until
     /// [`release_source`](Self::release_source); `None` to send it by
     /// WRITE instead (registration failed, or the cap is reached).
-    fn expose_source(&mut self, _body: &Bytes) -> Option<Exposure> {
+    fn expose_source(&mut self, _body: &Bytes) -> Option<ExposedBody> {
         None
     }
     /// §5.6: a buffer of our own of `head.len() + len` bytes, registered

@@ -80,7 +80,7 @@ pub(super) enum Inbound {
 
 /// A body made readable by the peer ([`Buffers::expose_source`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Exposure {
+pub struct ExposedBody {
     /// The id the engine names it by ([`Buffers::release_source`]).
     pub id: u32,
     /// Address of its first byte.

@@ -146,7 +146,7 @@ impl Buffers for Mem {
             *x = None;
         }
     }
-    fn expose_source(&mut self, body: &Bytes) -> Option<Exposure> {
+    fn expose_source(&mut self, body: &Bytes) -> Option<ExposedBody> {
         if self.refuse_sources {
             return None;
         }
@@ -154,7 +154,7 @@ impl Buffers for Mem {
         self.sources.push(Some(body.clone()));
         self.exposed.resize(id as usize + 1, None);
         self.exposed[id as usize] = Some(false);
-        Some(Exposure {
+        Some(ExposedBody {
             id,
             addr: EXPOSED_BASE + (u64::from(id) << 32),
             rkey: EXPOSED_RKEY + id,
@@ -721,32 +721,12 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             rkey,
             wr_id,
         } => {
-            // The peer's body, read at execution time: one released (or
-            // not yet bound) before the READ executes panics.
-            let id = rkey.wrapping_sub(EXPOSED_RKEY);
-            assert_eq!(
-                to.mem.exposed.get(id as usize).copied().flatten(),
-                Some(true),
-                "READ of a body not exposed, released, or not bound yet"
-            );
-            let at = addr
-                .checked_sub(EXPOSED_BASE + (u64::from(id) << 32))
-                .expect("READ below the body") as usize;
-            let body = to.mem.sources[id as usize]
-                .clone()
-                .expect("READ of a released source");
-            assert!(at + len <= body.len(), "READ beyond the body");
+            let bytes = exposed_range(to, addr, rkey, len);
             let d = from.mem.dests[dest as usize]
                 .as_mut()
                 .expect("READ into a destination taken");
-            d[off..off + len].copy_from_slice(&body[at..at + len]);
-            from.cq.push_back(Completion {
-                wr_id,
-                ok: true,
-                status: 0,
-                byte_len: len as u32,
-                imm: Imm::None,
-            });
+            d[off..off + len].copy_from_slice(&bytes);
+            from.cq.push_back(read_done(wr_id, len));
         }
         Op::ReadStaging {
             staging,
@@ -755,30 +735,43 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             rkey,
             wr_id,
         } => {
-            let id = rkey.wrapping_sub(EXPOSED_RKEY);
-            assert_eq!(
-                to.mem.exposed.get(id as usize).copied().flatten(),
-                Some(true),
-                "READ of a body not exposed, released, or not bound yet"
-            );
-            let at = addr
-                .checked_sub(EXPOSED_BASE + (u64::from(id) << 32))
-                .expect("READ below the body") as usize;
-            let body = to.mem.sources[id as usize]
-                .clone()
-                .expect("READ of a released source");
-            assert!(at + len <= body.len(), "READ beyond the body");
-            from.mem.staging(staging)[..len].copy_from_slice(&body[at..at + len]);
-            from.cq.push_back(Completion {
-                wr_id,
-                ok: true,
-                status: 0,
-                byte_len: len as u32,
-                imm: Imm::None,
-            });
+            let bytes = exposed_range(to, addr, rkey, len);
+            from.mem.staging(staging)[..len].copy_from_slice(&bytes);
+            from.cq.push_back(read_done(wr_id, len));
         }
     }
     true
+}
+
+/// §5.6: the `len` bytes at (`addr`, `rkey`) of a body `to` exposed, read
+/// at execution time: one released (or not yet bound) before the READ
+/// executes, or a range outside it, panics.
+fn exposed_range(to: &Side, addr: u64, rkey: u32, len: usize) -> Bytes {
+    let id = rkey.wrapping_sub(EXPOSED_RKEY);
+    assert_eq!(
+        to.mem.exposed.get(id as usize).copied().flatten(),
+        Some(true),
+        "READ of a body not exposed, released, or not bound yet"
+    );
+    let at = addr
+        .checked_sub(EXPOSED_BASE + (u64::from(id) << 32))
+        .expect("READ below the body") as usize;
+    let body = to.mem.sources[id as usize]
+        .clone()
+        .expect("READ of a released source");
+    assert!(at + len <= body.len(), "READ beyond the body");
+    body.slice(at..at + len)
+}
+
+/// The completion of a READ of `len` bytes.
+fn read_done(wr_id: u64, len: usize) -> Completion {
+    Completion {
+        wr_id,
+        ok: true,
+        status: 0,
+        byte_len: len as u32,
+        imm: Imm::None,
+    }
 }
 
 /// An active side `a` and a passive side `b` as `conn.rs` sets them up

@@ -17,7 +17,7 @@ use super::recv_pool::RecvPool;
 use super::registered::{Access, RegisteredBuf};
 use super::slot_pool::SlotPool;
 use super::{WR_BIND, WR_SRQ};
-use crate::engine::{Action, Buffers, Exposure, WriteSource};
+use crate::engine::{Action, Buffers, ExposedBody, WriteSource};
 use crate::error::{Error, PeerMisbehaved, ResourceError};
 use crate::remote::{Exposable, RemoteAccess};
 use crate::verbs::{Cq, Mw, OneSidedDesc, Pd, Qp, SendDesc};
@@ -368,11 +368,24 @@ impl ConnMemory {
     /// Receives first keeps the rule that a slot is posted before the credit
     /// for it is returned (§4.2).
     pub(crate) fn execute(&mut self, actions: &[Action]) -> Result<(), Error> {
-        let qp = self.qp.as_ref().ok_or(Error::Disconnected)?;
         let mut recvs = std::mem::take(&mut self.recvs);
         let mut sends = std::mem::take(&mut self.sends);
         recvs.clear();
         sends.clear();
+        let r = self.execute_with(actions, &mut recvs, &mut sends);
+        self.recvs = recvs;
+        self.sends = sends;
+        r
+    }
+
+    /// [`execute`](Self::execute) with its scratch lists.
+    fn execute_with(
+        &mut self,
+        actions: &[Action],
+        recvs: &mut Vec<(u64, u64, u32, u32)>,
+        sends: &mut Vec<SendDesc>,
+    ) -> Result<(), Error> {
+        let qp = self.qp.as_ref().ok_or(Error::Disconnected)?;
         if let Some(sh) = self.shared.as_mut() {
             sh.back.clear();
         }
@@ -463,33 +476,15 @@ impl ConnMemory {
                         .and_then(Option::as_ref)
                         .expect("a bind of a source the engine exposed");
                     let mw = s.window.as_ref().expect("an exposed source with a window");
-                    if let Err(e) = Self::flush_sends(qp, &mut sends) {
-                        self.recvs = recvs;
-                        self.sends = sends;
-                        return Err(e);
-                    }
-                    // SAFETY: the MR is live, on this QP's PD, registered
-                    // with MW_BIND (`MrUse::WindowSource`), and the window
-                    // covers it exactly, read access only; the body is a
-                    // `Bytes` (nothing writes it), held with the MR until
-                    // the window is deallocated (`Source` field order, and
-                    // destroy_qp drops windows before the QP).
-                    let r = unsafe {
-                        qp.bind_window_as(
-                            mw,
-                            s.rkey,
-                            s.mr.mr(),
-                            (s.mr.addr(), s.mr.len() as u64),
-                            rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0,
-                            wr_id,
-                            signaled,
-                        )
+                    Self::flush_sends(qp, sends)?;
+                    let range = (s.mr.addr(), s.mr.len() as u64);
+                    let read = rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0;
+                    // SAFETY: the MR is live on this QP's PD with MW_BIND, the window covers it
+                    // exactly, read only; the `Bytes` (unwritten) and MR live until the window is
+                    // deallocated (`Source` field order; destroy_qp drops windows first).
+                    unsafe {
+                        qp.bind_window_as(mw, s.rkey, s.mr.mr(), range, read, wr_id, signaled)?
                     };
-                    if let Err(e) = r {
-                        self.recvs = recvs;
-                        self.sends = sends;
-                        return Err(e);
-                    }
                 }
                 Action::PostReadStaging {
                     staging,
@@ -513,20 +508,10 @@ impl ConnMemory {
                         remote_addr,
                         rkey,
                     };
-                    if let Err(e) = Self::flush_sends(qp, &mut sends) {
-                        self.recvs = recvs;
-                        self.sends = sends;
-                        return Err(e);
-                    }
-                    // SAFETY: the range is staging buffer `st` (checked
-                    // above), registered with local write; the engine reads
-                    // it only after this READ's completion and posts nothing
-                    // else into it meanwhile; Drop frees it after the QP.
-                    if let Err(e) = unsafe { qp.post_one_sided(&d) } {
-                        self.recvs = recvs;
-                        self.sends = sends;
-                        return Err(e);
-                    }
+                    // SAFETY: staging buffer `st` (checked), local write; the engine reads it only
+                    // after this READ's own completion, posts nothing else into it meanwhile, and
+                    // Drop frees it after the QP.
+                    unsafe { Self::post_read_after(qp, sends, &d)? };
                 }
                 Action::PostRead {
                     dest,
@@ -555,20 +540,10 @@ impl ConnMemory {
                         remote_addr,
                         rkey,
                     };
-                    if let Err(e) = Self::flush_sends(qp, &mut sends) {
-                        self.recvs = recvs;
-                        self.sends = sends;
-                        return Err(e);
-                    }
-                    // SAFETY: the range lies in the destination's
-                    // registration (checked above), local write; the engine
-                    // takes the buffer (take_dest) only after this READ's
-                    // completion, and Drop frees it only after the QP.
-                    if let Err(e) = unsafe { qp.post_one_sided(&d) } {
-                        self.recvs = recvs;
-                        self.sends = sends;
-                        return Err(e);
-                    }
+                    // SAFETY: inside the destination's registration (checked), local write; the
+                    // engine takes it (take_dest) only after this READ's own completion, and Drop
+                    // frees it only after the QP.
+                    unsafe { Self::post_read_after(qp, sends, &d)? };
                 }
             }
         }
@@ -578,22 +553,34 @@ impl ConnMemory {
             Some(sh) => sh.pool.give_back(&sh.back),
             None => Ok(()),
         };
-        let r = shared
+        shared
             // SAFETY: every range was bounds-checked against its registered
             // pool above; the pools outlive the QP (field order + destroy_qp);
             // the engine does not touch a receive slot until its completion.
-            .and_then(|()| unsafe { qp.post_recvs(&recvs) })
+            .and_then(|()| unsafe { qp.post_recvs(recvs) })
             .and_then(|()| {
                 // A zero-copy source is a `Bytes`, which nothing writes; the
                 // engine releases it (the only thing that drops its registration
                 // and bytes before the QP is gone) after a covering completion.
                 // SAFETY: ranges inside the registered send/staging pools and
                 // sources (checked); each reused only after a covering completion (§7).
-                unsafe { qp.post_sends(&sends) }
-            });
-        self.recvs = recvs;
-        self.sends = sends;
-        r
+                unsafe { qp.post_sends(sends) }
+            })
+    }
+
+    /// Posts the sends gathered so far, then the READ `d`, in send-queue
+    /// order.
+    ///
+    /// # Safety
+    /// As [`Qp::post_one_sided`] for `d`.
+    unsafe fn post_read_after(
+        qp: &Qp,
+        sends: &mut Vec<SendDesc>,
+        d: &OneSidedDesc,
+    ) -> Result<(), Error> {
+        Self::flush_sends(qp, sends)?;
+        // SAFETY: the caller's contract.
+        unsafe { qp.post_one_sided(d) }
     }
 }
 
@@ -825,7 +812,7 @@ impl Buffers for ConnMemory {
         );
         Some(id32)
     }
-    fn expose_source(&mut self, body: &Bytes) -> Option<Exposure> {
+    fn expose_source(&mut self, body: &Bytes) -> Option<ExposedBody> {
         if body.is_empty() {
             return None;
         }
@@ -855,7 +842,7 @@ impl Buffers for ConnMemory {
         } else {
             (None, mr.rkey())
         };
-        let x = Exposure {
+        let x = ExposedBody {
             id,
             addr: mr.addr(),
             rkey,
