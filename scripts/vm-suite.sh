@@ -62,12 +62,12 @@ echo "$out" | tail -3
 check "rdma_pingpong, both ends answering from the inline handler, polling mode (every pong checked)" \
   timeout 120 "$BIN/examples/rdma_pingpong" --loopback "$SOFTROCE_IP" --deliver inline --poll-mode spin --iters 500
 echo "$out" | grep PINGPONG
-run "behaviour suite over RDMA (all call kinds, 64 MiB, 1000 calls, deadlines, cancel, builder options, balance: $BALANCE_CALLS calls, re-probe, same-port RDMA)" \
+run "behaviour suite over RDMA, on the direct path and through tonic's client and server (all call kinds, 64 MiB, 1000 calls, deadlines, cancel, builder options, balance: $BALANCE_CALLS calls, re-probe, same-port RDMA)" \
   quiet timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --include-ignored --test-threads=1
 if [ -n "${SOFTROCE_SIW_IP:-}" ]; then
   # iWARP: the server's RDMA listener takes another port, announced over TCP
   # (docs/wire-protocol.md §3); cases that cannot run on iWARP print SKIP and why.
-  run "behaviour suite over iWARP (SoftiWARP siw0; RDMA port announced over TCP)" \
+  run "behaviour suite over iWARP, both ways of calling (SoftiWARP siw0; RDMA port announced over TCP)" \
     quiet env SOFTROCE_IP="$SOFTROCE_SIW_IP" timeout 900 "$BEHAVIOUR_TEST" rdma --skip transports --include-ignored --test-threads=1 --nocapture
 fi
 run "transport selection (rendezvous, mixed clients, fallback, reconnect)" \

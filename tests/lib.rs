@@ -5,9 +5,11 @@
 //! * `MemoryTonic`: the same connection with the direct path off on both
 //!   sides, every call through tonic's client and server;
 //! * `Tcp`: standard gRPC over HTTP/2 (tonic's transport) on loopback;
-//! * `Rdma`: the call protocol over rdma-transport. Needs an RDMA device, so
-//!   every RDMA test is `#[ignore]`d: a plain `cargo test` lists it as
-//!   ignored. The Soft-RoCE VM suite (`scripts/vm-suite.sh`) runs them with
+//! * `Rdma`: the call protocol over rdma-transport, with the direct path;
+//! * `RdmaTonic`: the same with the direct path off on both sides, as stock
+//!   tonic-build clients and services run over RDMA. The RDMA paths need an
+//!   RDMA device, so every RDMA test is `#[ignore]`d: a plain `cargo test`
+//!   lists it as ignored. The Soft-RoCE VM suite (`scripts/vm-suite.sh`) runs them with
 //!   `--include-ignored`. Run that way on a host without a device, a test
 //!   prints `SKIP ...` and returns, unless the environment says a device is
 //!   expected (`SOFTROCE_IN_VM=1` or `RDMA_TEST_REQUIRE_DEVICE=1`), in which
@@ -39,8 +41,23 @@ pub enum Path {
     MemoryTonic,
     /// HTTP/2 over TCP loopback.
     Tcp,
-    /// RDMA (Soft-RoCE in the VM).
+    /// RDMA (Soft-RoCE in the VM), generated calls on the direct path.
     Rdma,
+    /// RDMA, every call through tonic's client and server
+    /// (`direct_path(false)` on both sides).
+    RdmaTonic,
+}
+
+impl Path {
+    /// Over rdma-transport (either way of calling).
+    pub fn is_rdma(self) -> bool {
+        matches!(self, Path::Rdma | Path::RdmaTonic)
+    }
+
+    /// Generated clients and services call each other on the direct path.
+    pub fn direct(self) -> bool {
+        !matches!(self, Path::MemoryTonic | Path::RdmaTonic)
+    }
 }
 
 /// A running server and a channel to it.
@@ -119,13 +136,12 @@ impl Fixture {
         let router = make(stats.clone());
         match path {
             Path::Memory | Path::MemoryTonic => {
-                let tonic_path = path == Path::MemoryTonic;
-                let server = router.direct_path(!tonic_path).into_memory();
+                let server = router.direct_path(path.direct()).into_memory();
                 let channel = server
                     .channel()
                     .await
                     .expect("in-memory channel")
-                    .direct_path(!tonic_path);
+                    .direct_path(path.direct());
                 Some(Fixture {
                     channel,
                     stats,
@@ -151,7 +167,7 @@ impl Fixture {
                     server: Server::Net(Some(handle)),
                 })
             }
-            Path::Rdma => {
+            Path::Rdma | Path::RdmaTonic => {
                 let Some(ip) = rdma_ip() else {
                     if device_required() {
                         panic!(
@@ -162,6 +178,7 @@ impl Fixture {
                     return None;
                 };
                 let handle = router
+                    .direct_path(path.direct())
                     .start(format!("{ip}:0").parse().expect("RDMA test IP parses"))
                     .await
                     .expect("server starts");
@@ -177,7 +194,8 @@ impl Fixture {
                     .transport(Transport::RdmaOnly)
                     .connect()
                     .await
-                    .expect("RDMA channel");
+                    .expect("RDMA channel")
+                    .direct_path(path.direct());
                 assert_eq!(channel.transport().kind, rpc_core::TransportKind::Rdma);
                 Some(Fixture {
                     channel,
@@ -196,10 +214,10 @@ impl Fixture {
                 .channel()
                 .await
                 .expect("in-memory channel")
-                .direct_path(self.path != Path::MemoryTonic),
+                .direct_path(self.path.direct()),
             Server::Net(Some(h)) => {
                 let (addr, t) = match self.path {
-                    Path::Rdma => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
+                    Path::Rdma | Path::RdmaTonic => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
                     _ => (h.local_addr(), Transport::TcpOnly),
                 };
                 Channel::from_shared(addr.to_string())
@@ -208,6 +226,7 @@ impl Fixture {
                     .connect()
                     .await
                     .expect("channel")
+                    .direct_path(self.path.direct())
             }
             Server::Net(None) => panic!("server already shut down"),
         }
@@ -219,7 +238,7 @@ impl Fixture {
         match &self.server {
             Server::Memory(_) => None,
             Server::Net(Some(h)) => Some(match self.path {
-                Path::Rdma => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
+                Path::Rdma | Path::RdmaTonic => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
                 _ => (h.local_addr(), Transport::TcpOnly),
             }),
             Server::Net(None) => panic!("server already shut down"),
@@ -248,13 +267,20 @@ where
     let Some(fx) = Fixture::start(path).await else {
         return;
     };
-    let limit = match path {
-        Path::Rdma => Duration::from_secs(240),
-        _ => Duration::from_secs(60),
-    };
+    let limit = time_limit(path);
     tokio::time::timeout(limit, test(fx))
         .await
         .unwrap_or_else(|_| panic!("test over {path:?} did not finish within {limit:?}"));
+}
+
+/// How long one behaviour test may take on `path` (RDMA in the emulated VM
+/// is slow).
+fn time_limit(path: Path) -> Duration {
+    if path.is_rdma() {
+        Duration::from_secs(240)
+    } else {
+        Duration::from_secs(60)
+    }
 }
 
 /// As [`run`], on a fixture serving `make`'s router.
@@ -269,10 +295,7 @@ pub async fn run_with<F, Fut>(
     let Some(fx) = Fixture::start_with(path, make).await else {
         return;
     };
-    let limit = match path {
-        Path::Rdma => Duration::from_secs(240),
-        _ => Duration::from_secs(60),
-    };
+    let limit = time_limit(path);
     tokio::time::timeout(limit, test(fx))
         .await
         .unwrap_or_else(|_| panic!("test over {path:?} did not finish within {limit:?}"));
@@ -291,13 +314,13 @@ pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool
 }
 
 /// Declares one test per transport path for a behaviour `async fn(Fixture)`:
-/// `mod name { memory, memory_tonic, tcp, rdma }`, the `rdma` one `#[ignore]`d (it needs a
-/// device; see the crate docs). `name => router` serves `router` instead of
+/// `mod name { memory, memory_tonic, tcp, rdma, rdma_tonic }`, the RDMA ones `#[ignore]`d
+/// (they need a device; see the crate docs). `name => router` serves `router` instead of
 /// [`router`] (as [`on_paths!`]).
 #[macro_export]
 macro_rules! on_every_path {
     ($($names:tt)*) => {
-        $crate::on_paths!([memory, memory_tonic, tcp, rdma] $($names)*);
+        $crate::on_paths!([memory, memory_tonic, tcp, rdma, rdma_tonic] $($names)*);
     };
 }
 
@@ -327,6 +350,11 @@ macro_rules! on_paths {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
         async fn rdma() { $crate::on_paths!(@run Rdma $name $router) }
+    };
+    (@test rdma_tonic $name:ident $router:tt) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        #[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+        async fn rdma_tonic() { $crate::on_paths!(@run RdmaTonic $name $router) }
     };
     (@run $path:ident $name:ident ()) => {
         $crate::run($crate::Path::$path, super::$name).await

@@ -6,7 +6,7 @@ use rpc_examples::pb::echo::{echo_client::EchoClient, echo_server::EchoServer, E
 use rpc_examples::pb::helloworld::{
     greeter_client::GreeterClient, greeter_server::GreeterServer, HelloRequest,
 };
-use rpc_tests::{Fixture, Path};
+use rpc_tests::Fixture;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,7 +56,7 @@ async fn channel_accepts_uris(fx: Fixture) {
         let kind = ch.transport().kind;
         assert_eq!(
             kind,
-            if fx.path == Path::Rdma {
+            if fx.path.is_rdma() {
                 TransportKind::Rdma
             } else {
                 TransportKind::Tcp
@@ -198,7 +198,7 @@ async fn channel_connect_lazy(fx: Fixture) {
     let kind = ch.transport().kind;
     assert_eq!(
         kind,
-        if fx.path == Path::Rdma {
+        if fx.path.is_rdma() {
             TransportKind::Rdma
         } else {
             TransportKind::Tcp

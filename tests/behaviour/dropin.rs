@@ -43,7 +43,9 @@ async fn serve(path: Path, ex: &Example) -> Option<(rpc_core::ServingHandle, Str
                 return None;
             }
         },
-        Path::Memory | Path::MemoryTonic => unreachable!("the examples listen on an address"),
+        Path::Memory | Path::MemoryTonic | Path::RdmaTonic => {
+            unreachable!("run over tcp and rdma only")
+        }
     };
     let h = Server::builder()
         .add_service(GreeterServer::new(ex.clone()))

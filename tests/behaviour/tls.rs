@@ -94,7 +94,9 @@ async fn tls_server(path: Path) -> Option<(ServingHandle, Pki, Authenticated, St
                 return None;
             }
         },
-        Path::Memory | Path::MemoryTonic => unreachable!("TLS needs an address"),
+        Path::Memory | Path::MemoryTonic | Path::RdmaTonic => {
+            unreachable!("run over tcp and rdma only")
+        }
     };
     let pki = pki(&ip);
     let svc = Authenticated::default();
