@@ -10,7 +10,7 @@
 //! there is none (another transport, compression, TCP at the moment),
 //! takes tonic's path. The bytes on the wire are the same either way.
 
-use super::{Channel, Inner, MsgChannel, Slot, Svc};
+use super::{Channel, MsgChannel, Slot, Svc};
 use crate::protocol::body::RecvBody;
 use crate::protocol::message::{self, Encoded, End};
 use crate::protocol::session::{CallGuard, Inbound, InboundRx, Shared};
@@ -129,10 +129,7 @@ impl Client {
         let Svc::Direct(d) = &self.chan.as_ref()?.svc else {
             return None;
         };
-        let chan = match d.current() {
-            Some(Inner::Msg(m)) => m,
-            _ => return None,
-        };
+        let chan = d.current_msg()?;
         Some(Call {
             chan,
             slot: self.reserved.take(),

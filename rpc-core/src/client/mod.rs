@@ -475,13 +475,25 @@ impl Direct {
         }
     }
 
-    /// The transport in use now (as `refresh` would make it), without
-    /// changing this clone.
-    pub(crate) fn current(&self) -> Option<Inner> {
+    /// The message connection in use now (as `refresh` would make it),
+    /// without changing this clone; `None` over TCP or before connecting.
+    /// Clones only the message channel's `Arc`: a TCP channel's clone
+    /// allocates (tower's buffer handle), and a generated client asks this
+    /// before every call.
+    pub(crate) fn current_msg(&self) -> Option<Arc<MsgChannel>> {
+        let msg = |i: &Option<Inner>| match i {
+            Some(Inner::Msg(m)) => Some(m.clone()),
+            _ => None,
+        };
         if self.core.gen.load(Ordering::Acquire) == self.gen {
-            self.inner.clone()
+            msg(&self.inner)
         } else {
-            self.core.current()
+            msg(&self
+                .core
+                .active
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .inner)
         }
     }
 
