@@ -279,8 +279,25 @@ impl RemoteMemory {
         if len == 0 {
             return Ok(Bytes::new());
         }
+        self.inner.usable()?;
+        // §10.5: on iWARP a small READ whose source crosses a page boundary
+        // is made as two, one on each side of it.
+        if let Some(first) = split_small_read(remote, len, self.inner.iwarp()) {
+            let head = self.read_at(remote, first, key.rkey).await?;
+            let tail = self
+                .read_at(remote + first as u64, len - first, key.rkey)
+                .await?;
+            let mut b = bytes::BytesMut::with_capacity(len);
+            b.extend_from_slice(&head);
+            b.extend_from_slice(&tail);
+            return Ok(b.freeze());
+        }
+        self.read_at(remote, len, key.rkey).await
+    }
+
+    /// One READ of `len` (> 0) bytes at the peer's address `remote`, checked.
+    async fn read_at(&self, remote: u64, len: usize, rkey: u32) -> Result<Bytes, Error> {
         let s = &self.inner;
-        s.usable()?;
         // A small READ lands in the side queue pair's own buffer when it
         // is free (§10.5), else in a local buffer taken then.
         let local = if len <= SMALL_READ_MAX {
@@ -294,7 +311,7 @@ impl RemoteMemory {
                 s.cfg.global_max_registered_bytes,
             )?)
         };
-        match s.run(true, local, len, remote, key.rkey).await? {
+        match s.run(true, local, len, remote, rkey).await? {
             Finished::Read(b) => Ok(b),
             Finished::Mr(done) => read_bytes(done, len).ok_or_else(|| {
                 Error::Remote(RemoteError::Unavailable(
@@ -390,6 +407,27 @@ impl Exposure {
     }
 }
 
+/// READs of at most this many bytes whose source crosses a page boundary
+/// are split there on iWARP (§10.5).
+const SPLIT_READ_MAX: usize = 64;
+
+/// Boundaries a small READ's source must not cross on iWARP: 4 KiB, so
+/// that any page size's boundaries are among them.
+const SPLIT_READ_PAGE: u64 = 4096;
+
+/// §10.5: siw (seen on Linux 6.1) answers a READ of at most 32 bytes whose
+/// source crosses a page boundary with wrong bytes (the part after the
+/// boundary shifted), so on iWARP a READ of at most [`SPLIT_READ_MAX`]
+/// bytes that crosses a 4 KiB boundary of the peer's addresses is made as
+/// two: the length of the first part, if it is to be split.
+fn split_small_read(remote: u64, len: usize, iwarp: bool) -> Option<usize> {
+    if !iwarp || len > SPLIT_READ_MAX {
+        return None;
+    }
+    let to_boundary = SPLIT_READ_PAGE - remote % SPLIT_READ_PAGE;
+    (to_boundary < len as u64).then_some(to_boundary as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -401,6 +439,22 @@ mod tests {
             rkey: 7,
             access,
         }
+    }
+
+    #[test]
+    fn small_reads_across_a_page_boundary_are_split_there_on_iwarp_only() {
+        let page = 0x7f00_0000_1000u64;
+        // Across the boundary: split where it is.
+        assert_eq!(split_small_read(page - 6, 20, true), Some(6));
+        assert_eq!(split_small_read(page - 1, 2, true), Some(1));
+        assert_eq!(split_small_read(page - 63, 64, true), Some(63));
+        // Up to it, from it, within a page: one READ.
+        assert_eq!(split_small_read(page - 20, 20, true), None);
+        assert_eq!(split_small_read(page, 64, true), None);
+        assert_eq!(split_small_read(page + 100, 64, true), None);
+        // Larger READs, and other devices: one READ.
+        assert_eq!(split_small_read(page - 6, 65, true), None);
+        assert_eq!(split_small_read(page - 6, 20, false), None);
     }
 
     #[test]

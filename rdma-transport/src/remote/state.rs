@@ -183,6 +183,12 @@ impl RemoteShared {
     }
 
     /// `Ok` when operations may proceed: open, and offered by the peer.
+    /// Whether the connection's device is iWARP (§10.5: small READs that
+    /// cross a page boundary are split there).
+    pub(crate) fn iwarp(&self) -> bool {
+        self.main_id.is_iwarp()
+    }
+
     pub(crate) fn usable(&self) -> Result<(), Error> {
         if self.is_closed() {
             return Err(Error::Remote(RemoteError::Closed));
