@@ -215,11 +215,8 @@ impl Fixture {
                 .await
                 .expect("in-memory channel")
                 .direct_path(self.path.direct()),
-            Server::Net(Some(h)) => {
-                let (addr, t) = match self.path {
-                    Path::Rdma | Path::RdmaTonic => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
-                    _ => (h.local_addr(), Transport::TcpOnly),
-                };
+            Server::Net(_) => {
+                let (addr, t) = self.target().expect("a server with an address");
                 Channel::from_shared(addr.to_string())
                     .unwrap()
                     .transport(t)
@@ -228,7 +225,6 @@ impl Fixture {
                     .expect("channel")
                     .direct_path(self.path.direct())
             }
-            Server::Net(None) => panic!("server already shut down"),
         }
     }
 
@@ -237,10 +233,10 @@ impl Fixture {
     pub fn target(&self) -> Option<(std::net::SocketAddr, Transport)> {
         match &self.server {
             Server::Memory(_) => None,
-            Server::Net(Some(h)) => Some(match self.path {
-                Path::Rdma | Path::RdmaTonic => (h.rdma_addr().unwrap(), Transport::RdmaOnly),
-                _ => (h.local_addr(), Transport::TcpOnly),
-            }),
+            Server::Net(Some(h)) if self.path.is_rdma() => {
+                Some((h.rdma_addr().unwrap(), Transport::RdmaOnly))
+            }
+            Server::Net(Some(h)) => Some((h.local_addr(), Transport::TcpOnly)),
             Server::Net(None) => panic!("server already shut down"),
         }
     }

@@ -117,6 +117,16 @@ pub(crate) enum Inner {
     Msg(Arc<MsgChannel>),
 }
 
+impl Inner {
+    /// The message channel of `inner`, if it is one (a clone of its `Arc`).
+    fn msg(inner: &Option<Inner>) -> Option<Arc<MsgChannel>> {
+        match inner {
+            Some(Inner::Msg(m)) => Some(m.clone()),
+            _ => None,
+        }
+    }
+}
+
 /// One endpoint's channel: the transport in use (which can change: a lazy
 /// channel connects, an `Auto` channel that fell back moves to RDMA when a
 /// re-probe succeeds) and this clone's reservation.
@@ -211,6 +221,12 @@ impl Core {
             .unwrap_or_else(|e| e.into_inner())
             .inner
             .clone()
+    }
+
+    /// [`current`](Self::current)'s message connection, if it is one,
+    /// without cloning a TCP channel.
+    fn current_msg(&self) -> Option<Arc<MsgChannel>> {
+        Inner::msg(&self.active.read().unwrap_or_else(|e| e.into_inner()).inner)
     }
 
     /// Connects a lazy channel (once; concurrent callers wait for it).
@@ -481,19 +497,10 @@ impl Direct {
     /// allocates (tower's buffer handle), and a generated client asks this
     /// before every call.
     pub(crate) fn current_msg(&self) -> Option<Arc<MsgChannel>> {
-        let msg = |i: &Option<Inner>| match i {
-            Some(Inner::Msg(m)) => Some(m.clone()),
-            _ => None,
-        };
         if self.core.gen.load(Ordering::Acquire) == self.gen {
-            msg(&self.inner)
+            Inner::msg(&self.inner)
         } else {
-            msg(&self
-                .core
-                .active
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .inner)
+            self.core.current_msg()
         }
     }
 
