@@ -21,11 +21,17 @@
 //! forges RDV_READ and RDV_DONE at will; a READ lands only inside a
 //! destination the engine opened and has not taken (or, with none to be
 //! had, inside a registered staging buffer), a window is bound only over
-//! a body exposed and not released.
+//! a body exposed and not released. Written destinations (§5.7) are on
+//! when the input says so: the peer forges RDV_DEST and RDV_WRITTEN at
+//! will; a WRITE outside the peer's region goes only exactly where a forged
+//! RDV_DEST said, from a body exposed and not released, of its length; a
+//! window is bound only over a destination opened and not taken.
 #![no_main]
 use bytes::{Bytes, BytesMut};
 use libfuzzer_sys::fuzz_target;
-use rdma_transport::engine::wire::{Hello, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_READ, VERSION};
+use rdma_transport::engine::wire::{
+    Header, Hello, Kind, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_READ, HELLO_FLAG_WRITE_DEST, VERSION,
+};
 use rdma_transport::engine::{
     sq_wr_id, Action, Buffers, Completion, Engine, EngineConfig, Event, ExposedBody, Imm,
     ResourceError, WriteSource,
@@ -56,6 +62,10 @@ struct Mem {
     dests: Vec<Option<usize>>,
     /// open_dest refuses (the cap): READs go through the staging buffers.
     refuse_dests: bool,
+    /// §5.7: destinations exposed to the peer (by id), until taken.
+    dest_exposed: Vec<bool>,
+    /// §5.7: what the forged RDV_DESTs granted: (address, rkey, length).
+    grants: Vec<(u64, u32, u64)>,
 }
 
 impl Buffers for Mem {
@@ -141,7 +151,30 @@ impl Buffers for Mem {
         self.dests.push(Some(total));
         Ok(self.dests.len() as u32 - 1)
     }
+    fn expose_dest(&mut self, id: u32, off: usize, len: usize) -> Result<ExposedBody, ResourceError> {
+        let n = self
+            .dests
+            .get(id as usize)
+            .copied()
+            .flatten()
+            .expect("a destination exposed after it was taken, or never opened");
+        assert!(off + len <= n, "{len} bytes at {off} exposed of a {n}-byte destination");
+        if self.dest_exposed.len() <= id as usize {
+            self.dest_exposed.resize(id as usize + 1, false);
+        }
+        assert!(!self.dest_exposed[id as usize], "destination {id} exposed twice");
+        self.dest_exposed[id as usize] = true;
+        Ok(ExposedBody {
+            id,
+            addr: 0x6000_0000 + (u64::from(id) << 20) + off as u64,
+            rkey: 0x88,
+            bind: true,
+        })
+    }
     fn take_dest(&mut self, id: u32) -> Result<Bytes, ResourceError> {
+        if let Some(x) = self.dest_exposed.get_mut(id as usize) {
+            *x = false;
+        }
         let d = self.dests.get_mut(id as usize).expect("a destination never opened");
         let n = d.take().expect("a destination taken twice");
         Ok(Bytes::from(vec![0xCD; n]))
@@ -208,6 +241,24 @@ fn drain(
                 source,
                 ..
             } => {
+                // §5.7: a body WRITTEN whole into a destination a forged
+                // RDV_DEST granted.
+                let granted = mem
+                    .grants
+                    .iter()
+                    .any(|&(a, k, n)| a == remote_addr && k == rkey && n == len as u64);
+                if granted {
+                    if let Some(WriteSource { id, off: 0, head: 0 }) = source {
+                        let held = mem.sources.get(id as usize).copied().flatten();
+                        assert_eq!(
+                            held,
+                            Some(len),
+                            "WRITE of {len} bytes from body {id} into a destination"
+                        );
+                        sq.push_back(wr_id);
+                        continue;
+                    }
+                }
                 assert!(
                     staging < RDV_COUNT && len <= RDV_BYTES,
                     "staging {staging} len {len}"
@@ -259,6 +310,14 @@ fn drain(
                 );
                 sq.push_back(wr_id);
             }
+            Action::BindDest { dest, wr_id, .. } => {
+                assert!(
+                    mem.dests.get(dest as usize).copied().flatten().is_some()
+                        && mem.dest_exposed.get(dest as usize) == Some(&true),
+                    "bind over destination {dest}, taken or never exposed"
+                );
+                sq.push_back(wr_id);
+            }
             Action::PostReadStaging {
                 staging, len, wr_id, ..
             } => {
@@ -302,6 +361,8 @@ fuzz_target!(|data: &[u8]| {
     let zero_copy = first & 16 != 0;
     // §5.6: reading by the receiver, both ways.
     let read = first & 32 != 0;
+    // §5.7: written destinations, both ways.
+    let write_dest = read && first & 128 != 0;
     let mut peer = Hello {
         version: VERSION,
         flags: 0,
@@ -320,6 +381,9 @@ fuzz_target!(|data: &[u8]| {
     }
     if read {
         peer.flags |= HELLO_FLAG_READ;
+    }
+    if write_dest {
+        peer.flags |= HELLO_FLAG_WRITE_DEST;
     }
     if input.byte().unwrap_or(0) & 1 == 1 {
         // A hello with fuzzed fields (magic and version right, so that the
@@ -342,7 +406,7 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(d) = &decoded {
             assert_eq!(d, &peer, "decode(encode(h)) == h");
         } else {
-            let r = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy, read));
+            let r = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy, read, write_dest));
             assert!(
                 r.is_err(),
                 "Engine::new accepted a hello decode refuses: {peer:?}"
@@ -350,7 +414,7 @@ fuzz_target!(|data: &[u8]| {
             return;
         }
     }
-    let Ok(mut e) = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy, read)) else {
+    let Ok(mut e) = Engine::new(engine_config(peer, write_imm, covers, on_demand, zero_copy, read, write_dest)) else {
         panic!("Engine::new refused a hello decode accepts: {peer:?}");
     };
     let mut mem = Mem {
@@ -365,6 +429,8 @@ fuzz_target!(|data: &[u8]| {
         sources: Vec::new(),
         dests: Vec::new(),
         refuse_dests: first & 64 != 0,
+        dest_exposed: Vec::new(),
+        grants: Vec::new(),
     };
     let mut posted = VecDeque::new();
     let mut sq = VecDeque::new();
@@ -391,6 +457,7 @@ fn engine_config(
     on_demand: bool,
     zero_copy: bool,
     read: bool,
+    write_dest: bool,
 ) -> EngineConfig {
     let initial = if on_demand { INITIAL } else { SLOTS };
     EngineConfig {
@@ -414,6 +481,8 @@ fn engine_config(
         write_imm,
         covers,
         read_rdv: read,
+        write_dest,
+        grant_dest: write_dest,
         zero_length_write_any_rkey: write_imm,
         // §4.7: the revoke exchange too, where memory is on demand.
         revoke_idle: on_demand,
@@ -441,6 +510,11 @@ fn run(
                 let slot = (wr_id & 0xffff_ffff) as usize;
                 let bytes = input.take(len).to_vec();
                 mem.recv[slot * SLOT..slot * SLOT + bytes.len()].copy_from_slice(&bytes);
+                if let Ok(h) = Header::decode(&bytes) {
+                    if h.kind == Kind::RdvDest {
+                        mem.grants.push((h.addr, h.len, h.total_len));
+                    }
+                }
                 e.on_completion(
                     Completion {
                         wr_id,

@@ -125,6 +125,18 @@ pub struct Config {
     /// where the payload cannot be registered, it is RDMA-WRITTEN as
     /// above. Default on.
     pub read_rendezvous: bool,
+    /// Messages written into a destination their receiver grants
+    /// (`docs/wire-protocol-rdma.md` §5.7), with `read_rendezvous`:
+    /// offered in the hello; where both sides offer it, the receiver of
+    /// such a message answers its announcement with a buffer of its own,
+    /// writable by that peer alone for that message alone (a memory
+    /// window bound to the connection), the sender RDMA-WRITEs the
+    /// payload there, and the receiver revokes the window before it hands
+    /// the buffer to the application as it is. A WRITE moves at the
+    /// device's WRITE speed, which on Soft-RoCE is above its READ's. A
+    /// receiver that cannot bind windows (iWARP, or a connection outside
+    /// a device's shared PD) reads instead. Default on.
+    pub write_destination: bool,
     /// Registered bytes a connection keeps for the buffers of messages it
     /// reads (§5.6): power-of-two buffers of 4 KiB to 4 MiB, made on
     /// first use and reused once the application dropped the message in
@@ -272,6 +284,7 @@ impl Default for Config {
             rendezvous_buffers: 16,
             zero_copy_send_bytes: 512 << 10,
             read_rendezvous: true,
+            write_destination: true,
             read_cache_bytes: 16 << 20,
             max_message_bytes: 1 << 30,
             max_inline_bytes: 128,

@@ -250,6 +250,41 @@ pub enum PeerMisbehaved {
         /// The id.
         id: u32,
     },
+    /// An RDV_DEST or RDV_WRITTEN on a connection that did not negotiate
+    /// written destinations, or an RDV_WRITTEN to a side that grants none
+    /// (§5.7).
+    #[error("{kind} but written destinations were not negotiated (§5.7)")]
+    DestNotOffered {
+        /// Kind name.
+        kind: &'static str,
+    },
+    /// An RDV_DEST for a message we did not announce, or one already
+    /// granted a destination (§5.7).
+    #[error("RDV_DEST for message {id}, which is not waiting for a destination")]
+    DestUnknown {
+        /// The id.
+        id: u32,
+    },
+    /// An RDV_DEST whose length is not the announced body's, or whose range
+    /// wraps the address space (§5.7).
+    #[error("RDV_DEST for message {id} grants {len} bytes at {addr:#x}; the body has {body}")]
+    DestRange {
+        /// The id.
+        id: u32,
+        /// Address granted.
+        addr: u64,
+        /// Bytes granted.
+        len: u64,
+        /// Bytes of the body announced.
+        body: u64,
+    },
+    /// An RDV_WRITTEN for a message we granted no destination, or one
+    /// already written (§5.7).
+    #[error("RDV_WRITTEN for message {id}, which has no destination waiting for it")]
+    WrittenUnknown {
+        /// The id.
+        id: u32,
+    },
     // ---- eager, §4.1 ----
     /// An EAGER message arrived while a rendezvous message was incomplete.
     #[error("eager message inside a rendezvous message")]

@@ -57,6 +57,10 @@ stats! {
     /// their own (the registered-memory cap) and were read through the
     /// staging buffers and copied (wire-protocol-rdma §5.6).
     reads_staged,
+    /// Bytes the peer RDMA-WROTE into destinations granted for its
+    /// messages and handed to the application as they are
+    /// (wire-protocol-rdma §5.7).
+    dest_bytes,
     /// Explicit credit-return messages sent.
     credit_msgs,
     /// Completion-channel events consumed.
@@ -167,6 +171,11 @@ impl ConnStats {
                 &self.reads_staged,
                 &GLOBAL.reads_staged,
                 now.reads_staged - last.reads_staged,
+            ),
+            (
+                &self.dest_bytes,
+                &GLOBAL.dest_bytes,
+                now.dest_bytes - last.dest_bytes,
             ),
             (
                 &self.credit_msgs,

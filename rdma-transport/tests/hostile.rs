@@ -1779,7 +1779,7 @@ async fn an_announcement_of_a_body_never_exposed_ends_only_that_connection() {
     within(120, "forged read announcement", async {
         let case = "RDV_READ of memory never exposed";
         let server = EchoServer::start(ip, static_cfg()).await;
-        let (mut p, me) = raw(&server, |h| h.flags |= wire::HELLO_FLAG_READ).await;
+        let (mut p, me) = raw(&server, reads_only).await;
         let st = p
             .send_header(Kind::RdvRead, |h| {
                 h.addr = 0x7000_0000;
@@ -1846,7 +1846,7 @@ async fn announced_bodies_are_readable_only_as_announced_and_until_done() {
             let len = 600 << 10;
             for (i, case) in ["past its end", "another key"].into_iter().enumerate() {
                 let case = format!("{what}: a READ {case}");
-                let (mut p, me) = raw(&server, |h| h.flags |= wire::HELLO_FLAG_READ).await;
+                let (mut p, me) = raw(&server, reads_only).await;
                 let (h, _) = read_echo(&mut p, i as u64, len, what).await;
                 assert_eq!(h.total_len, len as u64);
                 let (addr, rkey) = if i == 0 {
@@ -1867,7 +1867,7 @@ async fn announced_bodies_are_readable_only_as_announced_and_until_done() {
                 }
             }
             let case = format!("{what}: the announced READ, then the same after RDV_DONE");
-            let (mut p, me) = raw(&server, |h| h.flags |= wire::HELLO_FLAG_READ).await;
+            let (mut p, me) = raw(&server, reads_only).await;
             let (h, body) = read_echo(&mut p, 9, len, what).await;
             let (st, got) = p.read(len, h.addr, h.len).await.unwrap();
             assert!(st.ok(), "{case}: {st:?}");
@@ -1899,6 +1899,137 @@ async fn announced_bodies_are_readable_only_as_announced_and_until_done() {
     .await;
 }
 
+/// A raw peer's hello that offers reading (§5.6) and no written
+/// destinations (§5.7): the listener reads what it announces.
+fn reads_only(h: &mut Hello) {
+    h.flags = (h.flags | wire::HELLO_FLAG_READ) & !wire::HELLO_FLAG_WRITE_DEST;
+}
+
+/// The listener's destination for the announced `body` (§5.7): announces
+/// it and waits for the RDV_DEST that grants it.
+async fn announce_for_dest(p: &mut RawPeer, body: &bytes::Bytes, what: &str) -> (Header, u32) {
+    let (st, x) = p.announce_read(body).await.unwrap();
+    assert!(st.ok(), "{what}: announcement: {st:?}");
+    let m = recv_kind(p, Kind::RdvDest, "the listener's destination").await;
+    let h = Header::decode(&m).unwrap();
+    assert_eq!(h.rdv_index, x.id, "{what}: granted for the body announced");
+    assert_eq!(
+        h.total_len,
+        body.len() as u64,
+        "{what}: exactly the body's length"
+    );
+    (h, x.id)
+}
+
+/// Wire §5.7: a destination the listener grants for a message is
+/// writable by that peer alone, exactly as granted, and only until the
+/// message is handed up: a WRITE past its end or with another key is
+/// refused by the NIC (ending that connection); the honest WRITE and
+/// RDV_WRITTEN deliver the message intact (the echo carries it back);
+/// the same WRITE after that is refused (the window is gone), and what the
+/// application holds does not change. A peer that is granted a
+/// destination and never writes it gets nothing delivered and breaks
+/// nothing else. On InfiniBand/RoCE only: iWARP (siw) has no windows, and
+/// its listener reads instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: run in the Soft-RoCE VM (scripts/vm-suite.sh) or with --include-ignored"]
+async fn granted_destinations_are_writable_only_as_granted_and_until_delivered() {
+    let Some(ip) =
+        device_ip("granted_destinations_are_writable_only_as_granted_and_until_delivered")
+    else {
+        return;
+    };
+    if iwarp() {
+        println!(
+            "SKIPPED granted_destinations_are_writable_only_as_granted_and_until_delivered: \
+             iWARP grants no destinations (no memory windows; wire §5.7)"
+        );
+        return;
+    }
+    let flags = wire::HELLO_FLAG_READ | wire::HELLO_FLAG_WRITE_DEST;
+    within(240, "writes into granted destinations", async {
+        // Memory on demand: the listener's buffers are in the device's
+        // shared PD, where a window scopes a destination to one QP.
+        let server = EchoServer::start(ip, Config::default()).await;
+        let len = 600 << 10;
+        let piece = 256 << 10;
+        for (i, case) in ["past its end", "another key"].into_iter().enumerate() {
+            let case = format!("a WRITE {case}");
+            let (mut p, me) = raw(&server, |h| h.flags |= flags).await;
+            let (h, _) = announce_for_dest(&mut p, &pattern(i as u64, len), &case).await;
+            let (addr, rkey) = if i == 0 {
+                (h.addr + h.total_len - 8, h.len)
+            } else {
+                (h.addr, h.len ^ 0x100)
+            };
+            let st = p.write(&[0xEE; 16], addr, rkey).await.unwrap();
+            assert!(!st.ok(), "{case}: WRITE succeeded: {st:?}");
+            println!("{case}: refused: {st:?}");
+            drop(p);
+            match server.outcome(me).await {
+                Outcome::Failed(e) => println!("{case}: listener side ended with: {e}"),
+                o => panic!("{case}: listener side ended {o:?}"),
+            }
+        }
+
+        let case = "the granted WRITE, then the same after delivery";
+        let (mut p, me) = raw(&server, |h| h.flags |= flags).await;
+        let body = pattern(9, len);
+        let (h, id) = announce_for_dest(&mut p, &body, case).await;
+        for off in (0..len).step_by(piece) {
+            let n = piece.min(len - off);
+            let st = p
+                .write(&body[off..off + n], h.addr + off as u64, h.len)
+                .await
+                .unwrap();
+            assert!(st.ok(), "{case}: WRITE at {off}: {st:?}");
+        }
+        let st = p
+            .send_header(Kind::RdvWritten, |d| d.rdv_index = id)
+            .await
+            .unwrap();
+        assert!(st.ok(), "{case}: RDV_WRITTEN: {st:?}");
+        let done = recv_kind(&mut p, Kind::RdvDone, "the listener's RDV_DONE").await;
+        assert_eq!(Header::decode(&done).unwrap().rdv_index, id);
+        // The echo: the listener's application got the message and sends it
+        // back, announced for us to read.
+        let m = recv_kind(&mut p, Kind::RdvRead, "the echo's announcement").await;
+        let e = Header::decode(&m).unwrap();
+        let (st, got) = p.read(len, e.addr, e.len).await.unwrap();
+        assert!(st.ok(), "{case}: READ of the echo: {st:?}");
+        assert!(
+            got.unwrap() == body,
+            "{case}: the echo differs from what was written"
+        );
+        let st = p.write(&[0xEE; 16], h.addr, h.len).await.unwrap();
+        assert!(!st.ok(), "{case}: WRITE after delivery succeeded: {st:?}");
+        println!("{case}: refused after delivery: {st:?}");
+        // The echo the listener still holds (announced, exposed) is intact.
+        drop(p);
+        match server.outcome(me).await {
+            Outcome::Failed(e) => println!("{case}: listener side ended with: {e}"),
+            o => panic!("{case}: listener side ended {o:?}"),
+        }
+
+        let case = "granted, never written";
+        let (mut p, _me) = raw(&server, |h| h.flags |= flags).await;
+        let (_h, _) = announce_for_dest(&mut p, &pattern(11, len), case).await;
+        let st = p.send_raw(&eager(b"behind it")).await.unwrap();
+        assert!(st.ok(), "{case}: {st:?}");
+        assert!(
+            p.recv(Duration::from_secs(2))
+                .await
+                .unwrap()
+                .is_none_or(|m| { Header::decode(&m).unwrap().kind != Kind::Eager }),
+            "{case}: a message behind the unwritten one was delivered"
+        );
+        println!("{case}: nothing delivered, connection up");
+        server.others_still_work(case).await;
+        drop(p);
+    })
+    .await;
+}
+
 /// Wire §5.6: a peer that never answers RDV_DONE holds at most
 /// `MAX_READS` bodies of the listener's: the listener announces that many
 /// echoes and then waits (its connection stays up, nothing else is
@@ -1913,7 +2044,7 @@ async fn a_peer_that_never_answers_holds_at_most_max_reads_bodies() {
     within(180, "a peer that never answers RDV_DONE", async {
         let case = "RDV_DONE never sent";
         let server = EchoServer::start(ip, static_cfg()).await;
-        let (mut p, me) = raw(&server, |h| h.flags |= wire::HELLO_FLAG_READ).await;
+        let (mut p, me) = raw(&server, reads_only).await;
         let len = 600 << 10;
         let max = wire::MAX_READS as u64;
         // One at a time (the listener answers each with RDV_DONE before it

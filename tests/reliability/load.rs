@@ -124,7 +124,7 @@ async fn load_mixed_sizes_no_loss_no_rnr() {
             bad.lock().unwrap()
         );
         println!(
-            "  rdma-transport: {} messages sent, {} eager, {} inline, {} rendezvous WRITEs ({:.1} MiB), {} read by the receiver ({:.1} MiB), {} credit messages, {} connections",
+            "  rdma-transport: {} messages sent, {} eager, {} inline, {} rendezvous WRITEs ({:.1} MiB), {} read by the receiver or written into its destination ({:.1} MiB read, {:.1} MiB written there), {} credit messages, {} connections",
             st1.msgs_sent - st0.msgs_sent,
             st1.eager_sends - st0.eager_sends,
             st1.inline_sends - st0.inline_sends,
@@ -132,6 +132,7 @@ async fn load_mixed_sizes_no_loss_no_rnr() {
             (st1.rendezvous_bytes - st0.rendezvous_bytes) as f64 / 1048576.0,
             st1.reads_announced - st0.reads_announced,
             (st1.read_bytes - st0.read_bytes) as f64 / 1048576.0,
+            (st1.dest_bytes - st0.dest_bytes) as f64 / 1048576.0,
             st1.credit_msgs - st0.credit_msgs,
             st1.connections - st0.connections
         );

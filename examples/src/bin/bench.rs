@@ -236,6 +236,12 @@ struct Args {
     /// reading saves.
     #[arg(long)]
     no_read_rendezvous: bool,
+    /// RDMA path: let the receiver read large payloads instead of granting
+    /// a destination the sender WRITEs them into
+    /// (`rdma_transport::Config::write_destination: false`), to compare
+    /// the two.
+    #[arg(long)]
+    no_write_destination: bool,
     /// RDMA path: notify chunks by SEND even where WRITE with immediate
     /// data is available (to measure what the immediate saves).
     #[arg(long)]
@@ -302,6 +308,7 @@ impl Args {
             && self.rdv_buffers.is_none()
             && self.zero_copy_send_bytes.is_none()
             && !self.no_read_rendezvous
+            && !self.no_write_destination
             && !self.no_write_imm
             && !self.no_memory_on_demand
             && poll_mode.is_none()
@@ -319,6 +326,7 @@ impl Args {
             rendezvous_buffers: self.rdv_buffers.unwrap_or(d.rendezvous_buffers),
             zero_copy_send_bytes: self.zero_copy_send_bytes.unwrap_or(d.zero_copy_send_bytes),
             read_rendezvous: !self.no_read_rendezvous,
+            write_destination: !self.no_write_destination,
             write_with_imm: !self.no_write_imm,
             memory_on_demand: !self.no_memory_on_demand,
             poll_mode: poll_mode.map_or(d.poll_mode, PollModeArg::mode),

@@ -201,13 +201,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let rdma = rdma_transport::global_stats();
     println!(
-        "\nsummary: transport {}, RDMA messages sent {}, RDMA WRITE chunks {} ({} bytes), read by the receiver {} ({} bytes)",
+        "\nsummary: transport {}, RDMA messages sent {}, RDMA WRITE chunks {} ({} bytes), announced to the receiver {} ({} bytes read, {} written into destinations it granted)",
         channel.transport(),
         rdma.msgs_sent,
         rdma.rendezvous_writes,
         rdma.rendezvous_bytes,
         rdma.reads_announced,
-        rdma.read_bytes
+        rdma.read_bytes,
+        rdma.dest_bytes
     );
     drop(channel);
     server.shutdown().await?;

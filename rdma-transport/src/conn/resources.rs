@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::config::Config;
 use crate::engine::wire::{
     Hello, HELLO_FLAG_COVERS, HELLO_FLAG_ON_DEMAND, HELLO_FLAG_READ, HELLO_FLAG_REVOCABLE,
-    HELLO_FLAG_WRITE_IMM, VERSION,
+    HELLO_FLAG_WRITE_DEST, HELLO_FLAG_WRITE_IMM, VERSION,
 };
 use crate::engine::EngineConfig;
 use crate::error::Error;
@@ -257,6 +257,11 @@ pub(super) fn build_resources(
     if cfg.read_rendezvous {
         // §5.6: we read the peer's large messages, and offer ours.
         flags |= HELLO_FLAG_READ;
+        if cfg.write_destination {
+            // §5.7: we WRITE a body the peer grants a destination for,
+            // and grant ours where a window can scope one to this peer.
+            flags |= HELLO_FLAG_WRITE_DEST;
+        }
     }
     mem.set_read_cache_bytes(cfg.read_cache_bytes);
     let hello = Hello {
@@ -302,9 +307,21 @@ pub(super) fn engine_config(cfg: &Config, res: &Resources, peer: Hello) -> Engin
         write_imm: res.hello.flags & peer.flags & HELLO_FLAG_WRITE_IMM != 0,
         covers: res.hello.flags & peer.flags & HELLO_FLAG_COVERS != 0,
         read_rdv: res.hello.flags & peer.flags & HELLO_FLAG_READ != 0,
+        write_dest: write_dest(res.hello.flags, peer.flags),
+        // §5.7: a destination is granted through a type-2 window bound to
+        // our QP (a device's shared PD); siw has none: it reads.
+        grant_dest: write_dest(res.hello.flags, peer.flags)
+            && res.mem.grants_windows()
+            && !res.iwarp,
         zero_length_write_any_rkey: !res.iwarp,
         // §4.7: only a shared receive queue can take receives back.
         revoke_idle: res.mem.is_shared(),
         peer,
     }
+}
+
+/// Both hellos offered reading and written destinations (§2.1, §5.7).
+fn write_dest(ours: u16, peer: u16) -> bool {
+    let both = HELLO_FLAG_READ | HELLO_FLAG_WRITE_DEST;
+    ours & peer & both == both
 }

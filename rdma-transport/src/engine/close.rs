@@ -50,11 +50,19 @@ impl Engine {
             self.peer_saw_close = true;
         }
         // §6, §5.5: after CLOSE only messages that serve the other
-        // direction: returns, our region's grant, revoke and release, and
-        // the answer to a message we announced for reading (§5.6).
+        // direction: returns, our region's grant, revoke and release, the
+        // answer to a message we announced for reading (§5.6) or the
+        // destination granted for it (§5.7); and the RDV_WRITTEN of a
+        // message the peer announced before its CLOSE (§5.7).
         let control = matches!(
             h.kind,
-            Kind::Credit | Kind::RdvGrant | Kind::RdvRevoke | Kind::RdvRelease | Kind::RdvDone
+            Kind::Credit
+                | Kind::RdvGrant
+                | Kind::RdvRevoke
+                | Kind::RdvRelease
+                | Kind::RdvDone
+                | Kind::RdvDest
+                | Kind::RdvWritten
         );
         if self.peer_closed && !control {
             return Self::proto(PeerMisbehaved::AfterClose {

@@ -17,6 +17,8 @@
 //! * `rendezvous`: chunks written into the peer's region and landed in
 //!   ours (§5), and the regions on demand (§5.5),
 //! * `read`: messages the receiver reads (§5.6),
+//! * `dest`: messages written into a destination the receiver grants for
+//!   them (§5.7),
 //! * `close`: CLOSE and its confirmation (§6),
 //! * `idle`: what an idle interval gives back (memory on demand, §5.5),
 //! * `clock`: time as an input: setup kicks, keepalive, idle release and
@@ -31,6 +33,7 @@
 mod clock;
 mod close;
 mod credits;
+mod dest;
 mod idle;
 mod read;
 mod reasm_buf;
@@ -145,12 +148,33 @@ pub trait Buffers {
             "no memory for messages read from the peer".into(),
         ))
     }
+    /// §5.7: makes bytes `off..off + len` of destination `id`
+    /// ([`open_dest`](Self::open_dest)) writable by this connection's
+    /// peer alone, until [`take_dest`](Self::take_dest) revokes it; with
+    /// `bind`, through a window [`Action::BindDest`] binds. The peer may
+    /// write those bytes at any time until then: nothing reads them.
+    ///
+    /// # Errors
+    ///
+    /// What could not be granted ([`ResourceError`]): the engine reads the
+    /// message instead.
+    fn expose_dest(
+        &mut self,
+        _id: u32,
+        _off: usize,
+        _len: usize,
+    ) -> Result<ExposedBody, ResourceError> {
+        Err(ResourceError::Other(
+            "no destinations the peer writes".into(),
+        ))
+    }
     /// §5.6: memory on demand: no READ for an idle interval, none in
     /// progress; the buffers kept for the next ones may go (those the
     /// application still holds go when it drops them).
     fn close_read_cache(&mut self) {}
-    /// §5.6: the READ into destination `id` completed: the whole buffer,
-    /// handed up (the engine never touches it again).
+    /// §5.6: the READ into destination `id` completed, or §5.7: the peer
+    /// wrote it: the whole buffer, handed up (the engine never touches it
+    /// again), once any access the peer had to it is revoked.
     ///
     /// # Errors
     ///
@@ -237,6 +261,17 @@ pub enum Action {
     BindSource {
         /// The exposed source.
         id: u32,
+        /// Work request id.
+        wr_id: u64,
+        /// Request a completion.
+        signaled: bool,
+    },
+    /// §5.7: bind the memory window of destination `dest`
+    /// ([`Buffers::expose_dest`]) on our queue pair, with the rkey it
+    /// chose: posted before the RDV_DEST that grants it.
+    BindDest {
+        /// The destination.
+        dest: u32,
         /// Work request id.
         wr_id: u64,
         /// Request a completion.
@@ -393,6 +428,14 @@ pub struct EngineConfig {
     /// at least `zero_copy_min` bytes is announced by RDV_READ and read by
     /// the receiver, and the peer's are read.
     pub read_rdv: bool,
+    /// Both hellos offered written destinations (§2.1 flags, §5.7): the
+    /// peer may answer our RDV_READ with RDV_DEST, and we WRITE the body
+    /// there.
+    pub write_dest: bool,
+    /// We answer the peer's RDV_READ with RDV_DEST (§5.7): `write_dest`,
+    /// and our memory can grant a destination to this peer alone (a
+    /// type-2 window bound to our queue pair).
+    pub grant_dest: bool,
     /// Both hellos offered covering notifications (§2.1 flags, §5.4): one
     /// notification (an immediate, or a CHUNK SEND) may notify the chunks
     /// WRITTEN before it.
@@ -469,6 +512,9 @@ pub struct EngineCounters {
     /// Of the messages read, those read through the staging buffers and
     /// copied, no buffer of their own registrable (§5.6).
     pub reads_staged: u64,
+    /// Bytes the peer RDMA-WROTE into destinations we granted its messages
+    /// (§5.7).
+    pub dest_bytes: u64,
 }
 
 /// The per-connection protocol state machine.
@@ -508,8 +554,11 @@ pub struct Engine {
     pending: VecDeque<Outgoing>,
     pending_bytes: usize,
     close_sent: bool,
-    /// §5.6: ids of the bodies announced by RDV_READ and not answered.
-    exposed: Vec<u32>,
+    /// §5.6: the bodies announced by RDV_READ and not answered.
+    exposed: Vec<dest::Announced>,
+    /// §5.7: bodies to WRITE into the destinations the peer granted, in
+    /// the order granted.
+    dest_due: VecDeque<dest::DestDue>,
     /// §5.6: messages being read from the peer, in order.
     reads: VecDeque<ReadJob>,
     /// §5.6: READs posted and not yet completed (on the send queue, but not
@@ -621,6 +670,7 @@ impl Engine {
             pending_bytes: 0,
             close_sent: false,
             exposed: Vec::new(),
+            dest_due: VecDeque::new(),
             reads: VecDeque::new(),
             sq_reads: 0,
             done_due: VecDeque::new(),
@@ -774,6 +824,7 @@ impl Engine {
         self.post_rdv_control(bufs)?;
         self.post_reads(bufs)?;
         self.post_read_done(bufs);
+        self.post_dest_writes(bufs);
         self.post_pending(bufs)?;
         self.post_keepalive();
         self.post_credit_message(bufs);

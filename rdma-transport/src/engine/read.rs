@@ -2,12 +2,15 @@
 //! where it is, readable by the peer alone, announced by RDV_READ; the
 //! receiver RDMA-READs it into memory of its own (which the peer cannot
 //! write), delivers it in order with the other messages, and answers
-//! RDV_DONE, after which the sender lets the body go.
+//! RDV_DONE, after which the sender lets the body go. (Or the receiver
+//! grants a destination for it and the sender WRITEs it there: §5.7,
+//! `dest.rs`.)
 
 use std::collections::VecDeque;
 
 use bytes::BytesMut;
 
+use super::dest::{Announced, Write};
 use super::send_ring::Outgoing;
 use super::wire::{Header, Kind, HDR_LEN, MAX_READS, READ_MAX};
 use super::{sq_wr_id, Action, Buffers, Engine, EngineError, Event, PeerMisbehaved};
@@ -16,21 +19,27 @@ use super::{sq_wr_id, Action, Buffers, Engine, EngineError, Event, PeerMisbehave
 #[derive(Debug)]
 pub(super) struct ReadJob {
     /// The sender's name for the body (answered in RDV_DONE).
-    src: u32,
+    pub(super) src: u32,
     /// Where the body goes in the message (after the head the RDV_READ
     /// carried).
-    off: usize,
+    pub(super) off: usize,
     /// Body bytes.
-    len: usize,
+    pub(super) len: usize,
     /// The body, at the sender.
     addr: u64,
     rkey: u32,
-    how: How,
+    pub(super) how: How,
 }
 
 /// Where a message is read to.
 #[derive(Debug)]
-enum How {
+pub(super) enum How {
+    /// §5.7: to be written by the sender into destination `dest`, once
+    /// granted ([`Engine::grant_dest`]).
+    Granted { dest: u32 },
+    /// §5.7: destination `dest` granted by RDV_DEST; `written` once the
+    /// sender's RDV_WRITTEN arrived.
+    Written { dest: u32, written: bool },
     /// One READ into a buffer of its own ([`Buffers::open_dest`]).
     Direct {
         dest: u32,
@@ -53,7 +62,7 @@ enum How {
 /// One READ of a staged message: `len` body bytes from offset `off` into
 /// staging buffer `staging`.
 #[derive(Debug, Clone, Copy)]
-struct Piece {
+pub(super) struct Piece {
     seq: u64,
     staging: u32,
     off: usize,
@@ -61,9 +70,11 @@ struct Piece {
 }
 
 impl ReadJob {
-    fn done(&self) -> bool {
+    pub(super) fn done(&self) -> bool {
         match &self.how {
             How::Direct { done, .. } => *done,
+            How::Granted { .. } => false,
+            How::Written { written, .. } => *written,
             How::Staged { next, pieces, .. } => *next == self.len && pieces.is_empty(),
         }
     }
@@ -146,7 +157,11 @@ impl Engine {
         h.total_len = body.len() as u64;
         h.rdv_index = x.id;
         self.post_send_slot(bufs, h, (&head, &[]), false);
-        self.exposed.push(x.id);
+        self.exposed.push(Announced {
+            id: x.id,
+            len: body.len(),
+            write: Write::No,
+        });
         self.counters.read_announced += 1;
         self.counters.msgs_sent += 1;
         self.counters.bytes_sent += total as u64;
@@ -199,10 +214,15 @@ impl Engine {
         let how = match bufs.open_dest(&head_bytes, body) {
             Ok(dest) => {
                 self.read_cache_open = true;
-                How::Direct {
-                    dest,
-                    seq: None,
-                    done: false,
+                if self.cfg.grant_dest {
+                    // §5.7: written by the sender instead, once granted.
+                    How::Granted { dest }
+                } else {
+                    How::Direct {
+                        dest,
+                        seq: None,
+                        done: false,
+                    }
                 }
             }
             // No buffer could be registered for it: read through the
@@ -250,7 +270,16 @@ impl Engine {
             return Ok(());
         }
         for i in 0..self.reads.len() {
+            if matches!(self.reads[i].how, How::Granted { .. }) {
+                match self.grant_dest(i, bufs) {
+                    Some(true) => continue,
+                    Some(false) => break,
+                    // Not grantable: read (below).
+                    None => {}
+                }
+            }
             match self.reads[i].how {
+                How::Granted { .. } | How::Written { .. } => continue,
                 How::Direct { seq: Some(_), .. } => continue,
                 How::Direct { dest, .. } => {
                     if !self.sq_room(2) {
@@ -362,7 +391,7 @@ impl Engine {
                     self.free_staging.push_back(p.staging);
                     found = true;
                 }
-                How::Direct { .. } => continue,
+                How::Direct { .. } | How::Granted { .. } | How::Written { .. } => continue,
             }
             break;
         }
@@ -378,18 +407,29 @@ impl Engine {
 
     /// §5.6: the oldest READ completed: its message joins the others in
     /// order, and the sender is told it may let the body go.
-    fn finish_read<B: Buffers + ?Sized>(&mut self, bufs: &mut B) -> Result<(), EngineError> {
+    pub(super) fn finish_read<B: Buffers + ?Sized>(
+        &mut self,
+        bufs: &mut B,
+    ) -> Result<(), EngineError> {
         let job = self
             .reads
             .pop_front()
             .expect("the caller saw a finished read job");
         let msg = match job.how {
-            How::Direct { dest, .. } => bufs.take_dest(dest).map_err(EngineError::Resource)?,
-            How::Staged { buf, .. } => buf.freeze(),
+            How::Direct { dest, .. } => {
+                self.counters.read_bytes += job.len as u64;
+                bufs.take_dest(dest).map_err(EngineError::Resource)?
+            }
+            // §5.7: take_dest revokes the peer's access first.
+            How::Written { dest, .. } => bufs.take_dest(dest).map_err(EngineError::Resource)?,
+            How::Granted { .. } => unreachable!("a job not granted is not done"),
+            How::Staged { buf, .. } => {
+                self.counters.read_bytes += job.len as u64;
+                buf.freeze()
+            }
         };
         self.counters.msgs_recv += 1;
         self.counters.bytes_recv += msg.len() as u64;
-        self.counters.read_bytes += job.len as u64;
         let at = self
             .inbox
             .iter()
@@ -412,13 +452,13 @@ impl Engine {
                 kind: h.kind.name(),
             });
         }
-        let Some(i) = self.exposed.iter().position(|&x| x == h.rdv_index) else {
+        let Some(i) = self.exposed.iter().position(|a| a.id == h.rdv_index) else {
             return Self::proto(PeerMisbehaved::ReadDoneUnknown { id: h.rdv_index });
         };
-        self.exposed.swap_remove(i);
-        // Its READ is over (the peer had its completion): nothing reads
-        // the body any more.
-        bufs.release_source(h.rdv_index);
+        let a = self.exposed.swap_remove(i);
+        // Its READ is over (the peer had its completion), or (§5.7) it has
+        // the body we WROTE: the peer reads the body no more.
+        self.release_announced(a, bufs);
         Ok(())
     }
 

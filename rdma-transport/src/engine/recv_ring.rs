@@ -102,6 +102,8 @@ impl Engine {
                 self.owed_data += 1;
             }
             Kind::RdvDone => self.on_rdv_done(&h, bufs)?,
+            Kind::RdvDest => self.on_rdv_dest(&h)?,
+            Kind::RdvWritten => self.on_rdv_written(&h, bufs)?,
             Kind::Close => self.on_peer_close()?,
         }
         self.repost(slot, gen)

@@ -14,6 +14,8 @@ const RDV_BASE: u64 = 0x10_0000_0000;
 /// `EXPOSED_BASE + id << 32`, readable with rkey `EXPOSED_RKEY + id`.
 const EXPOSED_BASE: u64 = 0x20_0000_0000;
 const EXPOSED_RKEY: u32 = 0x5000;
+const DEST_BASE: u64 = 0x40_0000_0000;
+const DEST_RKEY: u32 = 0x9000;
 
 /// The fake registered memory: whole pools, plus what memory on demand
 /// has "registered" (§4.6, §5.5); using anything not registered panics,
@@ -51,6 +53,12 @@ struct Mem {
     read_cache_closes: u32,
     /// §5.6: open_dest refuses (the cap): the copy fallback.
     refuse_dests: bool,
+    /// §5.7: destinations granted to the peer, by id: the granted range
+    /// (offset, length) and whether its window is bound; `None` once
+    /// revoked (taken).
+    dest_grants: Vec<Option<(usize, usize, bool)>>,
+    /// §5.7: expose_dest refuses (no window): the message is read.
+    refuse_grants: bool,
 }
 
 impl Buffers for Mem {
@@ -177,7 +185,37 @@ impl Buffers for Mem {
         );
         self.read_cache_closes += 1;
     }
+    fn expose_dest(
+        &mut self,
+        id: u32,
+        off: usize,
+        len: usize,
+    ) -> Result<ExposedBody, ResourceError> {
+        if self.refuse_grants {
+            return Err(ResourceError::Other("no window".into()));
+        }
+        let n = self.dests[id as usize]
+            .as_ref()
+            .expect("a destination exposed after it was taken")
+            .len();
+        assert!(off + len <= n, "grant outside the destination");
+        if self.dest_grants.len() <= id as usize {
+            self.dest_grants.resize(id as usize + 1, None);
+        }
+        assert!(self.dest_grants[id as usize].is_none(), "granted twice");
+        self.dest_grants[id as usize] = Some((off, len, false));
+        Ok(ExposedBody {
+            id,
+            addr: DEST_BASE + (u64::from(id) << 32) + off as u64,
+            rkey: DEST_RKEY + id,
+            bind: true,
+        })
+    }
     fn take_dest(&mut self, id: u32) -> Result<Bytes, ResourceError> {
+        // §5.7: the peer's access goes first.
+        if let Some(g) = self.dest_grants.get_mut(id as usize) {
+            *g = None;
+        }
         let v = self.dests[id as usize]
             .take()
             .expect("a destination taken once");
@@ -214,6 +252,10 @@ struct P {
     late_reads: bool,
     /// No buffer can be registered for a READ (§5.6: the copy fallback).
     refuse_dests: bool,
+    /// Offers written destinations (§5.7), and grants them.
+    write_dest: bool,
+    /// No destination can be granted (§5.7): the message is read.
+    refuse_grants: bool,
 }
 
 impl P {
@@ -236,6 +278,8 @@ impl P {
             read: false,
             late_reads: false,
             refuse_dests: false,
+            write_dest: false,
+            refuse_grants: false,
         }
     }
     /// Memory on demand, rings starting at 4 of 8 slots.
@@ -268,7 +312,12 @@ impl P {
                 wire::HELLO_FLAG_ON_DEMAND | wire::HELLO_FLAG_REVOCABLE
             } else {
                 0
-            } | if self.read { wire::HELLO_FLAG_READ } else { 0 },
+            } | if self.read { wire::HELLO_FLAG_READ } else { 0 }
+                | if self.write_dest {
+                    wire::HELLO_FLAG_WRITE_DEST
+                } else {
+                    0
+                },
             credits: self.start_slots(),
             recv_slot_bytes: self.slot as u32,
             rdv_count: self.rdv_count,
@@ -303,6 +352,8 @@ impl P {
             dests: Vec::new(),
             read_cache_closes: 0,
             refuse_dests: self.refuse_dests,
+            dest_grants: Vec::new(),
+            refuse_grants: self.refuse_grants,
         }
     }
     fn engine(&self, peer: &P) -> Engine {
@@ -327,6 +378,8 @@ impl P {
             write_imm: self.imm && peer.imm,
             covers: self.covers && peer.covers,
             read_rdv: self.read && peer.read,
+            write_dest: self.read && peer.read && self.write_dest && peer.write_dest,
+            grant_dest: self.read && peer.read && self.write_dest && peer.write_dest,
             zero_length_write_any_rkey: self.zero_write,
             revoke_idle: self.revoke,
             peer: peer.hello(),
@@ -354,6 +407,12 @@ enum Op {
     },
     /// §5.6: a window bound over exposed source `id`.
     Bind { id: u32, wr_id: u64, signaled: bool },
+    /// §5.7: a window bound over granted destination `dest`.
+    BindDest {
+        dest: u32,
+        wr_id: u64,
+        signaled: bool,
+    },
     /// §5.6: a READ of the peer's exposed body into staging buffer
     /// `staging` (the copy fallback).
     ReadStaging {
@@ -465,6 +524,15 @@ impl Side {
                     signaled,
                 } => self.wire.push_back(Op::Bind {
                     id,
+                    wr_id,
+                    signaled,
+                }),
+                Action::BindDest {
+                    dest,
+                    wr_id,
+                    signaled,
+                } => self.wire.push_back(Op::BindDest {
+                    dest,
                     wr_id,
                     signaled,
                 }),
@@ -630,6 +698,56 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
             signaled,
             imm,
             source,
+        } if addr >= DEST_BASE => {
+            // §5.7: a body WRITTEN into a destination the peer granted:
+            // only through a bound window, inside the grant, from a body
+            // still held (read at execution time).
+            assert!(imm.is_none(), "a destination WRITE with immediate data");
+            let id = rkey.wrapping_sub(DEST_RKEY);
+            let (goff, glen, bound) = to
+                .mem
+                .dest_grants
+                .get(id as usize)
+                .copied()
+                .flatten()
+                .expect("WRITE into a destination not granted or revoked");
+            assert!(bound, "WRITE before the destination's window was bound");
+            let at = (addr - DEST_BASE - (u64::from(id) << 32)) as usize;
+            assert!(
+                at >= goff && at + len <= goff + glen,
+                "WRITE outside the granted range"
+            );
+            let Some(WriteSource { id: src, off, head }) = source else {
+                panic!("a destination written from staging");
+            };
+            assert_eq!(head, 0);
+            let body = from.mem.sources[src as usize]
+                .clone()
+                .expect("WRITE from a released source");
+            let _ = staging;
+            let d = to.mem.dests[id as usize]
+                .as_mut()
+                .expect("WRITE into a destination taken");
+            d[at..at + len].copy_from_slice(&body[off..off + len]);
+            if signaled {
+                from.cq.push_back(Completion {
+                    wr_id,
+                    ok: true,
+                    status: 0,
+                    byte_len: 0,
+                    imm: Imm::None,
+                });
+            }
+        }
+        Op::Write {
+            staging,
+            len,
+            addr,
+            rkey,
+            wr_id,
+            signaled,
+            imm,
+            source,
         } => {
             if len > 0 {
                 // The rkey is valid only while the region is registered.
@@ -703,6 +821,25 @@ fn deliver(from: &mut Side, to: &mut Side) -> bool {
                 .as_mut()
                 .expect("a bind of a released source");
             *x = true;
+            if signaled {
+                from.cq.push_back(Completion {
+                    wr_id,
+                    ok: true,
+                    status: 0,
+                    byte_len: 0,
+                    imm: Imm::None,
+                });
+            }
+        }
+        Op::BindDest {
+            dest,
+            wr_id,
+            signaled,
+        } => {
+            let g = from.mem.dest_grants[dest as usize]
+                .as_mut()
+                .expect("a bind of a destination revoked");
+            g.2 = true;
             if signaled {
                 from.cq.push_back(Completion {
                     wr_id,
@@ -2118,7 +2255,11 @@ fn the_passive_side_answers_the_first_message_at_once() {
                 let at = *slot as usize * b.mem.slot;
                 Header::decode(&b.mem.send[at..at + HDR_LEN]).unwrap().kind
             }
-            Op::Write { .. } | Op::Bind { .. } | Op::Read { .. } | Op::ReadStaging { .. } => {
+            Op::Write { .. }
+            | Op::Bind { .. }
+            | Op::BindDest { .. }
+            | Op::Read { .. }
+            | Op::ReadStaging { .. } => {
                 panic!("P wrote before answering")
             }
         })
@@ -3256,7 +3397,7 @@ fn a_large_body_is_read_by_the_receiver_and_released_after_its_done() {
         .wire
         .iter()
         .map(|o| match o {
-            Op::Bind { .. } => "bind",
+            Op::Bind { .. } | Op::BindDest { .. } => "bind",
             Op::Send { slot, len, .. } => {
                 let h = Header::decode(&a.mem.send_slot(*slot)[..*len]).unwrap();
                 assert_eq!(h.kind, Kind::RdvRead);
@@ -3536,4 +3677,351 @@ fn a_message_with_no_buffer_of_its_own_is_read_through_staging() {
         assert!(b.mem.dests.is_empty(), "no buffer of their own");
         assert!(a.mem.sources.iter().all(Option::is_none), "released");
     }
+}
+
+/// §5.7: with written destinations on both sides, a large body is
+/// announced, granted a destination, WRITTEN there whole and handed up
+/// from it; the sender's body goes after RDV_DONE; both ways, several in
+/// flight, in order with the small messages between them.
+#[test]
+fn large_bodies_are_written_into_destinations_the_receiver_grants() {
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        write_dest: true,
+        slots: 16,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    let mut sent = Vec::new();
+    for i in 0..12u64 {
+        let m = if i % 3 == 2 {
+            pattern(i, 100)
+        } else {
+            pattern(i, 5000 + 4096 * i as usize)
+        };
+        let mut body = m.clone();
+        let head = body.split_to(6);
+        a.e.submit_parts(head.clone(), body.clone());
+        b.e.submit_parts(head, body);
+        sent.push(m);
+    }
+    pump(&mut a, &mut b);
+    for s in [&a, &b] {
+        assert_eq!(s.got, sent);
+        assert_eq!(s.e.counters.read_bytes, 0, "nothing read");
+        // Bodies from `zero_copy` bytes on are announced; the rest go by
+        // WRITE into the rendezvous region.
+        let big: usize = sent
+            .iter()
+            .map(|m| m.len() - 6)
+            .filter(|&n| n >= 5000)
+            .sum();
+        assert_eq!(s.e.counters.dest_bytes, big as u64);
+        assert!(s.mem.sources.iter().all(Option::is_none), "all released");
+        assert!(s.mem.dests.iter().all(Option::is_none), "all handed up");
+        assert!(s.mem.dest_grants.iter().all(Option::is_none), "all revoked");
+    }
+}
+
+/// §5.7: the order on the wire is bind, RDV_DEST (receiver); WRITE,
+/// RDV_WRITTEN (sender); RDV_DONE (receiver, once handed up).
+#[test]
+fn a_written_destination_goes_bind_dest_write_written_done() {
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        write_dest: true,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    let m = pattern(3, 20_000);
+    a.e.submit(m.clone());
+    let mut seen: Vec<&'static str> = Vec::new();
+    for _ in 0..200 {
+        for (s, o) in [(&mut a, 0), (&mut b, 1)] {
+            s.process(64);
+            for op in &s.wire {
+                let what = match op {
+                    Op::BindDest { .. } => "bind dest",
+                    Op::Bind { .. } => "bind source",
+                    Op::Write { .. } => "WRITE",
+                    Op::Send { slot, len, .. } => {
+                        match Header::decode(&s.mem.send_slot(*slot)[..*len])
+                            .unwrap()
+                            .kind
+                        {
+                            Kind::RdvRead => "RDV_READ",
+                            Kind::RdvDest => "RDV_DEST",
+                            Kind::RdvWritten => "RDV_WRITTEN",
+                            Kind::RdvDone => "RDV_DONE",
+                            _ => continue,
+                        }
+                    }
+                    Op::Read { .. } | Op::ReadStaging { .. } => "READ",
+                };
+                if seen.last() != Some(&what) || o == 2 {
+                    seen.push(what);
+                }
+            }
+        }
+        let moved = deliver(&mut a, &mut b) | deliver(&mut b, &mut a);
+        if !moved && a.cq.is_empty() && b.cq.is_empty() {
+            break;
+        }
+    }
+    seen.dedup();
+    assert_eq!(
+        seen,
+        [
+            "bind source",
+            "RDV_READ",
+            "bind dest",
+            "RDV_DEST",
+            "WRITE",
+            "RDV_WRITTEN",
+            "RDV_DONE"
+        ]
+    );
+    assert_eq!(b.got, [m]);
+}
+
+/// §5.7: a receiver that cannot grant a destination (no window) reads
+/// the message instead; one side without written destinations means
+/// reading both ways.
+#[test]
+fn without_a_grantable_destination_the_message_is_read() {
+    for (refuse, other) in [(true, true), (false, false)] {
+        let p = P {
+            zero_copy: 5000,
+            read: true,
+            write_dest: true,
+            refuse_grants: refuse,
+            ..P::small()
+        };
+        let q = P {
+            write_dest: other,
+            ..p
+        };
+        let mut a = Side::new(&p, &q);
+        let mut b = Side::new(&q, &p);
+        b.e.set_wait_first_recv();
+        a.e.send_initial_credit();
+        pump(&mut a, &mut b);
+        let m = pattern(5, 30_000);
+        a.e.submit(m.clone());
+        b.e.submit(m.clone());
+        pump(&mut a, &mut b);
+        for s in [&a, &b] {
+            assert_eq!(
+                s.got,
+                std::slice::from_ref(&m),
+                "refuse {refuse}, other {other}"
+            );
+            assert_eq!(s.e.counters.dest_bytes, 0);
+            assert_eq!(s.e.counters.read_bytes, 30_000);
+            assert!(s.mem.sources.iter().all(Option::is_none));
+        }
+    }
+}
+
+/// §5.7: forged RDV_DEST and RDV_WRITTEN each end the connection with
+/// their own violation, before anything is written.
+#[test]
+fn a_bad_rdv_dest_or_written_is_a_protocol_error() {
+    use PeerMisbehaved as V;
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        write_dest: true,
+        slots: 32,
+        ..P::small()
+    };
+    // A sender with one body announced (id 0, 20 000 bytes).
+    let sender = |p: &P| {
+        let (mut a, mut b) = connect(p);
+        pump(&mut a, &mut b);
+        a.e.submit(pattern(1, 20_000));
+        a.e.progress(&mut a.mem).unwrap();
+        a.run_actions();
+        assert_eq!(a.e.reads_announced(), 1);
+        a
+    };
+    let dest = |id: u32, len: u64| {
+        let mut h = Header::new(Kind::RdvDest);
+        h.rdv_index = id;
+        h.addr = 0x9000_0000;
+        h.len = 0x42;
+        h.total_len = len;
+        h
+    };
+    let next = |a: &mut Side| {
+        let w = a.posted.pop_front().expect("a posted receive");
+        ((w & 0xffff_ffff) as u32, ((w >> 32) & 0xff_ffff) as u32)
+    };
+    let mut a = sender(&p);
+    let (s, g) = next(&mut a);
+    assert_eq!(
+        inject(&mut a.e, &mut a.mem, s, g, dest(7, 20_000), &[]),
+        Err(EngineError::Protocol(V::DestUnknown { id: 7 }))
+    );
+    let mut a = sender(&p);
+    let (s, g) = next(&mut a);
+    assert_eq!(
+        inject(&mut a.e, &mut a.mem, s, g, dest(0, 20_001), &[]),
+        Err(EngineError::Protocol(V::DestRange {
+            id: 0,
+            addr: 0x9000_0000,
+            len: 20_001,
+            body: 20_000
+        }))
+    );
+    let mut wrap = dest(0, 20_000);
+    wrap.addr = u64::MAX - 100;
+    let mut a = sender(&p);
+    let (s, g) = next(&mut a);
+    assert!(matches!(
+        inject(&mut a.e, &mut a.mem, s, g, wrap, &[]),
+        Err(EngineError::Protocol(V::DestRange { .. }))
+    ));
+    // Granted twice.
+    let mut a = sender(&p);
+    let (s, g) = next(&mut a);
+    assert_eq!(
+        inject(&mut a.e, &mut a.mem, s, g, dest(0, 20_000), &[]),
+        Ok(())
+    );
+    a.run_actions();
+    let (s, g) = next(&mut a);
+    assert_eq!(
+        inject(&mut a.e, &mut a.mem, s, g, dest(0, 20_000), &[]),
+        Err(EngineError::Protocol(V::DestUnknown { id: 0 }))
+    );
+    // Not negotiated.
+    let q = P {
+        write_dest: false,
+        ..p
+    };
+    let mut a = sender(&q);
+    let (s, g) = next(&mut a);
+    assert_eq!(
+        inject(&mut a.e, &mut a.mem, s, g, dest(0, 20_000), &[]),
+        Err(EngineError::Protocol(V::DestNotOffered {
+            kind: "RDV_DEST"
+        }))
+    );
+    // RDV_WRITTEN for nothing granted (receiver side).
+    let mut a = sender(&p);
+    let (s, g) = next(&mut a);
+    let mut w = Header::new(Kind::RdvWritten);
+    w.rdv_index = 5;
+    assert_eq!(
+        inject(&mut a.e, &mut a.mem, s, g, w, &[]),
+        Err(EngineError::Protocol(V::WrittenUnknown { id: 5 }))
+    );
+}
+
+/// §5.7: an RDV_DONE for a body granted a destination but not yet
+/// WRITTEN (a peer answering too early) means the body is not written at
+/// all, and released once; one for a body WRITTEN but whose WRITE is not
+/// known complete keeps it until a completion covers the WRITE.
+#[test]
+fn a_body_is_released_only_when_its_write_is_done_and_answered() {
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        write_dest: true,
+        slots: 32,
+        signal_every: 16,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    a.e.submit(pattern(1, 20_000));
+    a.e.progress(&mut a.mem).unwrap();
+    a.run_actions();
+    let next = |a: &mut Side| {
+        let w = a.posted.pop_front().expect("a posted receive");
+        ((w & 0xffff_ffff) as u32, ((w >> 32) & 0xff_ffff) as u32)
+    };
+    let mut d = Header::new(Kind::RdvDest);
+    d.addr = 0x9000_0000;
+    d.len = 0x42;
+    d.total_len = 20_000;
+    let mut done = Header::new(Kind::RdvDone);
+    done.rdv_index = 0;
+    // Granted and answered in the same poll: nothing written.
+    let (s, g) = next(&mut a);
+    a.posted.pop_front();
+    inject(&mut a.e, &mut a.mem, s, g, d, &[]).unwrap();
+    let (s, g) = next(&mut a);
+    a.posted.pop_front();
+    inject(&mut a.e, &mut a.mem, s, g, done, &[]).unwrap();
+    a.e.progress(&mut a.mem).unwrap();
+    assert!(a.mem.sources[0].is_none(), "released once");
+    assert!(
+        !a.e.take_actions().iter().any(|x| matches!(
+            x,
+            Action::PostWrite {
+                source: Some(_),
+                ..
+            }
+        )),
+        "no WRITE from a released body"
+    );
+    // Written, then answered before any completion covered the WRITE.
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    a.e.submit(pattern(2, 20_000));
+    a.e.progress(&mut a.mem).unwrap();
+    a.run_actions();
+    let (s, g) = next(&mut a);
+    a.posted.pop_front();
+    inject(&mut a.e, &mut a.mem, s, g, d, &[]).unwrap();
+    a.e.progress(&mut a.mem).unwrap();
+    let acts = a.e.take_actions();
+    let Some(Action::PostWrite { len, .. }) = acts.iter().find(|x| {
+        matches!(
+            x,
+            Action::PostWrite {
+                source: Some(_),
+                ..
+            }
+        )
+    }) else {
+        panic!("the body is WRITTEN once granted: {acts:?}");
+    };
+    assert_eq!(*len, 20_000);
+    let (s, g) = next(&mut a);
+    a.posted.pop_front();
+    inject(&mut a.e, &mut a.mem, s, g, done, &[]).unwrap();
+    assert!(
+        a.mem.sources[0].is_some(),
+        "held until a completion covers the WRITE"
+    );
+    let last = acts
+        .iter()
+        .filter_map(|x| match x {
+            Action::PostSend { wr_id, .. } | Action::PostWrite { wr_id, .. } => Some(*wr_id),
+            _ => None,
+        })
+        .max()
+        .unwrap();
+    a.e.on_completion(
+        Completion {
+            wr_id: last,
+            ok: true,
+            status: 0,
+            byte_len: 0,
+            imm: Imm::None,
+        },
+        &mut a.mem,
+    )
+    .unwrap();
+    assert!(
+        a.mem.sources[0].is_none(),
+        "released by the covering completion"
+    );
 }

@@ -51,6 +51,15 @@ pub enum Kind {
     /// "Read it" (§5.6): the body announced by the RDV_READ whose
     /// `rdv_index` this carries is read; its memory may go.
     RdvDone = 10,
+    /// "Write it here" (§5.7): the receiver's answer to an RDV_READ whose
+    /// `rdv_index` this carries: `total_len` bytes at `addr` (rkey in
+    /// `len`), a destination granted for that message alone, which the
+    /// sender RDMA-WRITEs the body into.
+    RdvDest = 11,
+    /// "Written" (§5.7): the body named by `rdv_index` was RDMA-WRITTEN into
+    /// the destination its RDV_DEST granted (the WRITE comes before this
+    /// SEND on the queue pair, so its data is placed before it arrives).
+    RdvWritten = 12,
 }
 
 impl Kind {
@@ -66,6 +75,8 @@ impl Kind {
             8 => Kind::RdvRelease,
             9 => Kind::RdvRead,
             10 => Kind::RdvDone,
+            11 => Kind::RdvDest,
+            12 => Kind::RdvWritten,
             _ => return None,
         })
     }
@@ -83,6 +94,8 @@ impl Kind {
             Kind::RdvRelease => "RDV_RELEASE",
             Kind::RdvRead => "RDV_READ",
             Kind::RdvDone => "RDV_DONE",
+            Kind::RdvDest => "RDV_DEST",
+            Kind::RdvWritten => "RDV_WRITTEN",
         }
     }
 }
@@ -146,6 +159,12 @@ pub const HELLO_FLAG_SIDE: u16 = 64;
 /// sets it too (§5.6: the receiver pulls the body by RDMA READ into
 /// memory of its own, which the peer cannot write).
 pub const HELLO_FLAG_READ: u16 = 128;
+/// Hello flag bit: the sender RDMA-WRITEs a body it announced by RDV_READ
+/// into a destination the peer grants for it by RDV_DEST, and may grant
+/// such destinations itself, if the peer sets it too (§5.7: the receiver
+/// hands the written buffer up once the peer's access to it is revoked).
+/// Only meaningful with [`HELLO_FLAG_READ`].
+pub const HELLO_FLAG_WRITE_DEST: u16 = 256;
 /// Messages a side may have announced by RDV_READ and not yet seen
 /// answered by RDV_DONE (§5.6); also the RDMA READs each side lets the
 /// other have outstanding on its queue pair.
@@ -161,7 +180,8 @@ pub const HELLO_FLAGS_KNOWN: u16 = HELLO_FLAG_WRITE_IMM
     | HELLO_FLAG_REVOCABLE
     | HELLO_FLAG_COVERS
     | HELLO_FLAG_REMOTE
-    | HELLO_FLAG_READ;
+    | HELLO_FLAG_READ
+    | HELLO_FLAG_WRITE_DEST;
 /// Every flag bit a hello blob may carry (§2.1); any other bit is refused.
 pub const HELLO_WIRE_FLAGS_KNOWN: u16 = HELLO_FLAGS_KNOWN | HELLO_FLAG_TICKET | HELLO_FLAG_SIDE;
 
@@ -658,8 +678,8 @@ mod tests {
         };
         type Case = (fn(&mut Hello), PeerMisbehaved);
         let cases: [Case; 10] = [
-            (|h| h.flags = 256, range("flags", 256, 0, 255)),
-            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 255)),
+            (|h| h.flags = 512, range("flags", 512, 0, 511)),
+            (|h| h.flags = 0x8001, range("flags", 0x8001, 0, 511)),
             (|h| h.credits = 3, range("credits", 3, 4, 4096)),
             (|h| h.credits = 4097, range("credits", 4097, 4, 4096)),
             (
@@ -776,7 +796,7 @@ mod tests {
                 field: "flags",
                 value: 8,
                 min: 0,
-                max: 183
+                max: 439
             })
         );
         // Other unknown bits are refused next to the ticket flag too.
@@ -801,10 +821,10 @@ mod tests {
         let mut b = [0u8; HDR_LEN];
         h.encode(&mut b);
         assert_eq!(Header::decode(&b).unwrap(), h);
-        b[0] = 11;
+        b[0] = 13;
         assert_eq!(
             Header::decode(&b),
-            Err(PeerMisbehaved::UnknownKind { kind: 11 })
+            Err(PeerMisbehaved::UnknownKind { kind: 13 })
         );
         assert_eq!(
             Header::decode(&b[..10]),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use super::device_pool::{BlockSource, DevicePool};
-use super::exposed::{MrUse, UserMr};
+use super::exposed::{MrUse, SubMr, UserMr};
 use super::local_cache::{read_buffer, read_bytes, LocalCache};
 use super::recv_pool::RecvPool;
 use super::registered::{Access, RegisteredBuf};
@@ -102,10 +102,12 @@ pub(crate) struct ConnMemory {
     /// held until its RDV_DONE or until the QP is gone. Indexed by the id
     /// the engine names them by; `None` entries are free ids.
     sources: Vec<Option<Source>>,
-    /// Buffers our READs fill (§5.6), by id, with the message length: local
-    /// write only (the peer has no key to them), each in a READ until its
-    /// completion is polled or the QP is gone.
-    dests: Vec<Option<(UserMr, usize)>>,
+    /// Buffers our READs fill (§5.6), by id: local write only (the peer
+    /// has no key to them), each in a READ until its completion is polled
+    /// or the QP is gone; or (§5.7) which the peer WRITES through a window
+    /// bound over the body's bytes, until taken (the window deallocated
+    /// first) or the QP is gone.
+    dests: Vec<Option<Dest>>,
     /// Where those buffers come from (made on first use, at most
     /// `read_cache_bytes`); a buffer handed up goes back when the
     /// application drops it.
@@ -117,6 +119,26 @@ pub(crate) struct ConnMemory {
     /// allocates nothing in steady state.
     recvs: Vec<(u64, u64, u32, u32)>,
     sends: Vec<SendDesc>,
+}
+
+/// A buffer a message of the peer's lands in (§5.6, §5.7).
+struct Dest {
+    /// §5.7: the window the peer WRITES the body through, bound with
+    /// `rkey` over all of `grant`. Declared first: it is deallocated (the
+    /// peer's access revoked) before the registration under it and the
+    /// buffer go.
+    window: Option<Mw>,
+    rkey: u32,
+    /// §5.7: a registration of exactly the granted bytes of `mr`'s
+    /// buffer (local write and MW_BIND), for the window to be bound over:
+    /// a window over all of an MR makes the MR's bounds the window's on
+    /// every device (rxe checks a window's accesses against its MR's
+    /// range, not the window's: a window over part of a larger MR let a
+    /// peer write past it). Declared before `mr`: deregistered first.
+    grant: Option<SubMr>,
+    mr: UserMr,
+    /// The message's length (head + body).
+    total: usize,
 }
 
 impl ConnMemory {
@@ -300,6 +322,13 @@ impl ConnMemory {
         self.qp.as_ref()
     }
 
+    /// Whether a destination can be granted to this connection's peer
+    /// alone (§5.7): its buffers are in a device's shared PD, where a
+    /// type-2 window bound to the QP scopes the peer's access.
+    pub(crate) fn grants_windows(&self) -> bool {
+        self.src.dev.is_some()
+    }
+
     /// Address of the region advertised in the hello (0 if on demand).
     pub(crate) fn rdv_addr(&self) -> u64 {
         self.rdv.as_ref().map_or(0, |r| r.addr())
@@ -320,12 +349,21 @@ impl ConnMemory {
         self.qp = None;
     }
 
+    /// Deallocates the windows of granted destinations (§5.7): the peer
+    /// can no longer write them, and no window holds the QP.
+    fn drop_dest_windows(&mut self) {
+        for d in self.dests.iter_mut().flatten() {
+            d.window = None;
+        }
+    }
+
     /// Deallocates the windows of exposed bodies (§5.6): the peer can no
     /// longer read them, and no window holds the QP.
     fn drop_source_windows(&mut self) {
         for s in self.sources.iter_mut().flatten() {
             s.window = None;
         }
+        self.drop_dest_windows();
     }
 
     /// Bytes the buffers of messages read from the peer (§5.6) may keep
@@ -440,12 +478,13 @@ impl ConnMemory {
                     source,
                 } => {
                     let st = staging as usize;
-                    assert!(st < self.sz.rdv_count && len <= self.sz.rdv_bytes);
-                    // With a source, only its head comes from the staging buffer.
+                    // With a source, only its head comes from the staging buffer
+                    // (a body WRITTEN into a granted destination, §5.7: none of it).
                     let (staged, then) = match source {
                         None => (len, None),
                         Some(src) => (src.head, Some(self.source_range(src, len))),
                     };
+                    assert!(st < self.sz.rdv_count && staged <= self.sz.rdv_bytes);
                     // A zero-length WRITE (keepalive, §4.4) reads nothing:
                     // no staging buffer needs to be registered for it.
                     let (addr, lkey) = match &self.staging {
@@ -486,6 +525,37 @@ impl ConnMemory {
                         qp.bind_window_as(mw, s.rkey, s.mr.mr(), range, read, wr_id, signaled)?
                     };
                 }
+                Action::BindDest {
+                    dest,
+                    wr_id,
+                    signaled,
+                } => {
+                    let d = self
+                        .dests
+                        .get(dest as usize)
+                        .and_then(Option::as_ref)
+                        .expect("a bind of a destination the engine exposed");
+                    let mw = d.window.as_ref().expect("an exposed destination");
+                    let sub = d.grant.as_ref().expect("an exposed destination");
+                    Self::flush_sends(qp, sends)?;
+                    let write = rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+                    // SAFETY: the SubMr is live on this QP's PD with MW_BIND and local write, and
+                    // the window covers exactly it; it and the buffer under it stay registered and
+                    // allocated until the window is deallocated (`Dest` field order; take_dest,
+                    // destroy_qp and Drop drop the window first), and nothing reads the buffer
+                    // meanwhile (the engine takes it only through take_dest).
+                    unsafe {
+                        qp.bind_window_as(
+                            mw,
+                            d.rkey,
+                            sub.mr(),
+                            sub.range(),
+                            write,
+                            wr_id,
+                            signaled,
+                        )?
+                    };
+                }
                 Action::PostReadStaging {
                     staging,
                     len,
@@ -521,7 +591,7 @@ impl ConnMemory {
                     rkey,
                     wr_id,
                 } => {
-                    let (mr, total) = self
+                    let Dest { mr, total, .. } = self
                         .dests
                         .get(dest as usize)
                         .and_then(Option::as_ref)
@@ -878,10 +948,56 @@ impl Buffers for ConnMemory {
         let id32 =
             u32::try_from(id).map_err(|_| ResourceError::Other("too many read buffers".into()))?;
         match free {
-            Some(i) => self.dests[i] = Some((mr, total)),
-            None => self.dests.push(Some((mr, total))),
+            Some(i) => self.dests[i] = Some(Dest::local(mr, total)),
+            None => self.dests.push(Some(Dest::local(mr, total))),
         }
         Ok(id32)
+    }
+    fn expose_dest(
+        &mut self,
+        id: u32,
+        off: usize,
+        len: usize,
+    ) -> Result<ExposedBody, ResourceError> {
+        let d = self
+            .dests
+            .get_mut(id as usize)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| ResourceError::Other(format!("no read buffer {id}")))?;
+        // §5.7: only in a shared PD, through a window bound to this QP
+        // (an MR's rkey there would reach every connection's QP).
+        if self.src.dev.is_none() {
+            return Err(ResourceError::Other(
+                "no window can scope a destination to this peer".into(),
+            ));
+        }
+        if d.window.is_some()
+            || len == 0
+            || !off
+                .checked_add(len)
+                .is_some_and(|end| end <= d.total && d.total <= d.mr.len())
+        {
+            return Err(ResourceError::Other(format!(
+                "destination {id}: {len} bytes at {off} cannot be granted"
+            )));
+        }
+        let addr = d.mr.addr() + off as u64;
+        // SAFETY: [addr, addr + len) lies inside `d.mr`'s buffer (checked above), which `Dest`
+        // keeps allocated until after the SubMr is gone (field order; take_dest deregisters it
+        // first); no work request uses it before the bind.
+        let sub =
+            unsafe { SubMr::new(&self.src.pd, addr, len) }.map_err(ResourceError::from_error)?;
+        let mw = Mw::new(&self.src.pd).map_err(ResourceError::from_error)?;
+        let rkey = mw.next_rkey();
+        d.window = Some(mw);
+        d.rkey = rkey;
+        d.grant = Some(sub);
+        Ok(ExposedBody {
+            id,
+            addr,
+            rkey,
+            bind: true,
+        })
     }
     fn close_read_cache(&mut self) {
         // No READ is posted (the engine checked): the free buffers are
@@ -891,13 +1007,32 @@ impl Buffers for ConnMemory {
         }
     }
     fn take_dest(&mut self, id: u32) -> Result<Bytes, ResourceError> {
-        let (mr, total) = self
+        let Dest {
+            window,
+            grant,
+            mr,
+            total,
+            ..
+        } = self
             .dests
             .get_mut(id as usize)
             .and_then(Option::take)
             .ok_or_else(|| ResourceError::Other(format!("no read buffer {id}")))?;
-        // The READ completed: handed up as it is (a cached buffer goes
-        // back to the cache when the last `Bytes` over it is dropped).
+        // §5.7: the peer's access goes first (ibv_dealloc_mw returns once
+        // the window is invalid): nothing it writes can land any more.
+        drop(window);
+        if let Some(g) = grant {
+            if !g.deregister() {
+                // The device may still map the buffer: never handed out.
+                std::mem::forget(mr);
+                return Err(ResourceError::Other(
+                    "a written destination could not be deregistered".into(),
+                ));
+            }
+        }
+        // The READ completed, or the peer's WRITE landed before its
+        // RDV_WRITTEN: handed up as it is (a cached buffer goes back to the
+        // cache when the last `Bytes` over it is dropped).
         read_bytes(mr, total)
             .ok_or_else(|| ResourceError::Other("a read buffer could not be deregistered".into()))
     }
@@ -906,6 +1041,19 @@ impl Buffers for ConnMemory {
             // Window deallocated, then deregistered (and the bytes let go)
             // when dropped.
             *s = None;
+        }
+    }
+}
+
+impl Dest {
+    /// A destination no window reaches (yet).
+    fn local(mr: UserMr, total: usize) -> Dest {
+        Dest {
+            window: None,
+            rkey: 0,
+            grant: None,
+            mr,
+            total,
         }
     }
 }

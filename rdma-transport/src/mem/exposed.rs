@@ -277,6 +277,90 @@ impl Drop for UserMr {
     }
 }
 
+/// A second registration of part of a buffer a [`UserMr`] owns, with
+/// local write and `MW_BIND` (wire protocol §5.7): a type-2 window bound
+/// over all of it grants a peer exactly those bytes, on every device (rxe
+/// checks a window's accesses against its MR's range, not the window's).
+/// It counts no bytes against the cap (the owner's registration does).
+pub(crate) struct SubMr {
+    mr: *mut ibv_mr,
+    addr: u64,
+    len: usize,
+}
+
+// SAFETY: the MR pointer is only passed to thread-safe libibverbs calls;
+// the memory belongs to the owner the caller of `new` keeps.
+unsafe impl Send for SubMr {}
+
+impl SubMr {
+    /// Registers `[addr, addr + len)` in `pd`.
+    ///
+    /// # Safety
+    ///
+    /// The range lies inside a live buffer that stays allocated (and is
+    /// neither freed nor handed to the application) until this `SubMr` is
+    /// deregistered ([`deregister`](Self::deregister) returned `true`, or
+    /// it was dropped after its QP was destroyed).
+    pub(crate) unsafe fn new(pd: &Arc<Pd>, addr: u64, len: usize) -> Result<SubMr, Error> {
+        use ibv_access_flags as f;
+        let flags = f::IBV_ACCESS_LOCAL_WRITE.0 | f::IBV_ACCESS_MW_BIND.0;
+        // SAFETY: the range is live memory (the caller's contract); pd is live.
+        let mr = unsafe { ibv_reg_mr(pd.ptr, addr as *mut std::ffi::c_void, len, flags as i32) };
+        if mr.is_null() {
+            return Err(Error::ResourceLimit(ResourceError::from_error(verb_err(
+                "ibv_reg_mr",
+            ))));
+        }
+        crate::stats::GLOBAL
+            .memory_registrations
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(SubMr { mr, addr, len })
+    }
+
+    /// The MR, to bind a window over.
+    pub(crate) fn mr(&self) -> *mut ibv_mr {
+        self.mr
+    }
+
+    /// (address, length) of the bytes it covers.
+    pub(crate) fn range(&self) -> (u64, u64) {
+        (self.addr, self.len as u64)
+    }
+
+    /// Deregisters it: `false` if that failed (then the device may still
+    /// map the buffer, which must never be freed nor handed out).
+    pub(crate) fn deregister(mut self) -> bool {
+        let mr = std::mem::replace(&mut self.mr, std::ptr::null_mut());
+        // SAFETY: mr came from ibv_reg_mr and is deregistered once (then null).
+        let r = unsafe { ibv_dereg_mr(mr) };
+        if r != 0 {
+            tracing::warn!(
+                "ibv_dereg_mr of a destination's grant of {} bytes failed: {}",
+                self.len,
+                crate::error::Errno(r)
+            );
+        }
+        r == 0
+    }
+}
+
+impl Drop for SubMr {
+    fn drop(&mut self) {
+        if self.mr.is_null() {
+            return;
+        }
+        // SAFETY: as in `deregister`. Reached only when the connection is torn
+        // down (its QP gone, its window deallocated first): no access can use it.
+        let r = unsafe { ibv_dereg_mr(self.mr) };
+        if r != 0 {
+            tracing::warn!(
+                "ibv_dereg_mr of a destination's grant failed: {}",
+                crate::error::Errno(r)
+            );
+        }
+    }
+}
+
 impl Exposable {
     /// The bytes of an `Owned` buffer after a READ into it.
     pub(crate) fn into_bytes(self) -> Bytes {
