@@ -402,9 +402,10 @@ impl ConnMemory {
     }
 
     /// Posts engine actions (bounds-checked against the pools): all
-    /// receives first (one call), then all sends/writes in order (one call).
-    /// Receives first keeps the rule that a slot is posted before the credit
-    /// for it is returned (§4.2).
+    /// receives first (one call), then all sends/writes in order (one call,
+    /// split only where a bind or a READ must come in between). Receives
+    /// first keeps the rule that a slot is posted before the credit for it
+    /// is returned (§4.2), also when a send goes out before a bind.
     pub(crate) fn execute(&mut self, actions: &[Action]) -> Result<(), Error> {
         let mut recvs = std::mem::take(&mut self.recvs);
         let mut sends = std::mem::take(&mut self.sends);
@@ -423,7 +424,9 @@ impl ConnMemory {
         recvs: &mut Vec<(u64, u64, u32, u32)>,
         sends: &mut Vec<SendDesc>,
     ) -> Result<(), Error> {
-        let qp = self.qp.as_ref().ok_or(Error::Disconnected)?;
+        if self.qp.is_none() {
+            return Err(Error::Disconnected);
+        }
         if let Some(sh) = self.shared.as_mut() {
             sh.back.clear();
         }
@@ -446,6 +449,24 @@ impl ConnMemory {
                         seg.lkey(),
                     ));
                 }
+                _ => {}
+            }
+        }
+        let qp = self.qp.as_ref().ok_or(Error::Disconnected)?;
+        // §4.7: the buffers of reposted slots go back to the shared pool
+        // (reposted there), and the receives are posted, before anything
+        // below is: a send posted early (before a bind or a READ) may carry
+        // the credit for a slot reposted here.
+        if let Some(sh) = &self.shared {
+            sh.pool.give_back(&sh.back)?;
+        }
+        // SAFETY: every range was bounds-checked against its registered
+        // pool above; the pools outlive the QP (field order + destroy_qp);
+        // the engine does not touch a receive slot until its completion.
+        unsafe { qp.post_recvs(recvs)? };
+        for a in actions {
+            match *a {
+                Action::PostRecv { .. } => {}
                 Action::PostSend {
                     slot,
                     len,
@@ -617,25 +638,12 @@ impl ConnMemory {
                 }
             }
         }
-        // §4.7: the buffers of reposted slots go back to the shared pool
-        // (reposted there) before any credit for them leaves below.
-        let shared = match &self.shared {
-            Some(sh) => sh.pool.give_back(&sh.back),
-            None => Ok(()),
-        };
-        shared
-            // SAFETY: every range was bounds-checked against its registered
-            // pool above; the pools outlive the QP (field order + destroy_qp);
-            // the engine does not touch a receive slot until its completion.
-            .and_then(|()| unsafe { qp.post_recvs(recvs) })
-            .and_then(|()| {
-                // A zero-copy source is a `Bytes`, which nothing writes; the
-                // engine releases it (the only thing that drops its registration
-                // and bytes before the QP is gone) after a covering completion.
-                // SAFETY: ranges inside the registered send/staging pools and
-                // sources (checked); each reused only after a covering completion (§7).
-                unsafe { qp.post_sends(sends) }
-            })
+        // A zero-copy source is a `Bytes`, which nothing writes; the engine
+        // releases it (the only thing that drops its registration and bytes
+        // before the QP is gone) after a covering completion.
+        // SAFETY: ranges inside the registered send/staging pools and sources
+        // (checked); each reused only after a covering completion (§7).
+        unsafe { qp.post_sends(sends) }
     }
 
     /// Posts the sends gathered so far, then the READ `d`, in send-queue
