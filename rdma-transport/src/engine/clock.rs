@@ -100,6 +100,7 @@ impl Engine {
     #[inline]
     pub fn note_backlog(&mut self, queued: usize, open: bool) {
         self.hold_returns = open && queued > self.timers.cfg.recv_queue_bytes;
+        self.app_gone = !open;
     }
 
     /// The next instant at which [`handle_timeout`](Self::handle_timeout)

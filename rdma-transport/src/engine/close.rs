@@ -17,10 +17,11 @@ impl Engine {
             && self.pending.is_empty()
             && self.records.is_empty()
             // §5.6: the peer read what we announced, we read what it did
-            // and told it so.
+            // and told it so; the latter only while the application reads
+            // (§6): one that stopped would discard it, and a peer that
+            // keeps announcing would hold the connection open.
             && self.exposed.is_empty()
-            && self.reads.is_empty()
-            && self.done_due.is_empty()
+            && (self.app_gone || (self.reads.is_empty() && self.done_due.is_empty()))
     }
 
     /// CLOSE flushed and the peer confirmed it received it (and therefore

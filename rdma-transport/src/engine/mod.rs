@@ -604,6 +604,9 @@ pub struct Engine {
     wait_first_recv: bool,
     force_credit: bool,
     hold_returns: bool,
+    /// The application stopped reading (its receiving half is gone):
+    /// what the peer still sends is discarded (§6).
+    app_gone: bool,
     keepalive_due: bool,
     peer_saw_close: bool,
     /// A message from the peer was received (§2.3: ends the active side's
@@ -705,6 +708,7 @@ impl Engine {
             wait_first_recv: false,
             force_credit: false,
             hold_returns: false,
+            app_gone: false,
             keepalive_due: false,
             peer_saw_close: false,
             heard: false,

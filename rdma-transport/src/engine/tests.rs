@@ -4025,3 +4025,48 @@ fn a_body_is_released_only_when_its_write_is_done_and_answered() {
         "released by the covering completion"
     );
 }
+
+/// §5.6, §6: a side whose application stopped reading may disconnect
+/// with bodies still announced to it (it would discard them, and a peer
+/// that keeps announcing would hold it open); one that reads waits.
+#[test]
+fn a_side_whose_application_stopped_reading_does_not_wait_for_announced_bodies() {
+    for open in [true, false] {
+        let p = P {
+            read: true,
+            slots: 32,
+            ..P::small()
+        };
+        let mut e = p.engine(&p);
+        let mut m = p.mem();
+        let _ = e.take_actions();
+        let mut h = Header::new(Kind::RdvRead);
+        h.addr = 0x1000;
+        h.len = 7;
+        h.total_len = 5000;
+        inject(&mut e, &mut m, 0, 0, h, &[1, 2, 3]).unwrap();
+        e.note_backlog(0, open);
+        e.close();
+        e.progress(&mut m).unwrap();
+        // Every send-queue work request completes but the READ.
+        for a in e.take_actions() {
+            if let Action::PostSend { wr_id, .. } = a {
+                let c = Completion {
+                    wr_id,
+                    ok: true,
+                    status: 0,
+                    byte_len: 0,
+                    imm: Imm::None,
+                };
+                e.on_completion(c, &mut m).unwrap();
+            }
+        }
+        assert!(e.close_sent());
+        assert_eq!(e.reads_in_progress(), 1, "the READ has not completed");
+        assert_eq!(
+            e.close_flushed(),
+            !open,
+            "application reading: {open}: waits for the body announced to it"
+        );
+    }
+}
