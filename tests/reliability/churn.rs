@@ -23,15 +23,23 @@ const WARMUP: usize = 100;
 /// boot), far below one leaked connection (its pools, ~1 MiB and more).
 const CACHE_FILL_MAX: i64 = 64 << 10;
 
+/// A cycle takes milliseconds; one that has not finished in this long is
+/// stuck, and the test says at which step of which cycle.
+const CYCLE_LIMIT: Duration = Duration::from_secs(30);
+
 /// One connect / call / drop cycle; returns `VmPin` (KiB) while connected.
 async fn cycle(addr: &str, i: usize) -> u64 {
-    let ch = rdma_channel(addr).await;
-    let r = echo(&ch)
-        .unary_echo(EchoRequest {
-            message: i.to_string(),
-            ..Default::default()
-        })
+    let ch = tokio::time::timeout(CYCLE_LIMIT, rdma_channel(addr))
         .await
+        .unwrap_or_else(|_| panic!("cycle {i}: the connect did not finish within {CYCLE_LIMIT:?}"));
+    let mut client = echo(&ch);
+    let call = client.unary_echo(EchoRequest {
+        message: i.to_string(),
+        ..Default::default()
+    });
+    let r = tokio::time::timeout(CYCLE_LIMIT, call)
+        .await
+        .unwrap_or_else(|_| panic!("cycle {i}: the call did not finish within {CYCLE_LIMIT:?}"))
         .unwrap_or_else(|e| panic!("call in cycle {i}: {e:?}"));
     assert_eq!(r.into_inner().message, i.to_string());
     pinned_kib()
