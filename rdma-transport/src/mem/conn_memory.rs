@@ -560,11 +560,10 @@ impl ConnMemory {
                     let sub = d.grant.as_ref().expect("an exposed destination");
                     Self::flush_sends(qp, sends)?;
                     let write = rdma_sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
-                    // SAFETY: the SubMr is live on this QP's PD with MW_BIND and local write, and
-                    // the window covers exactly it; it and the buffer under it stay registered and
-                    // allocated until the window is deallocated (`Dest` field order; take_dest,
-                    // destroy_qp and Drop drop the window first), and nothing reads the buffer
-                    // meanwhile (the engine takes it only through take_dest).
+                    // The SubMr is live on this QP's PD with MW_BIND and local write, the window
+                    // covers exactly it; both stay until the window is deallocated (`Dest` field
+                    // order; take_dest, destroy_qp and Drop drop the window first).
+                    // SAFETY: as above; nothing reads the buffer meanwhile (only take_dest).
                     unsafe {
                         qp.bind_window_as(
                             mw,
@@ -990,11 +989,11 @@ impl Buffers for ConnMemory {
             )));
         }
         let addr = d.mr.addr() + off as u64;
-        // SAFETY: [addr, addr + len) lies inside `d.mr`'s buffer (checked above), which `Dest`
-        // keeps allocated until after the SubMr is gone (field order; take_dest deregisters it
-        // first); no work request uses it before the bind.
-        let sub =
-            unsafe { SubMr::new(&self.src.pd, addr, len) }.map_err(ResourceError::from_error)?;
+        // [addr, addr + len) lies inside `d.mr`'s buffer (checked above), which `Dest` keeps
+        // allocated until after the SubMr is gone (field order; take_dest deregisters it first).
+        // SAFETY: as above; no work request uses it before the bind.
+        let sub = unsafe { SubMr::new(&self.src.pd, addr, len) };
+        let sub = sub.map_err(ResourceError::from_error)?;
         let mw = Mw::new(&self.src.pd).map_err(ResourceError::from_error)?;
         let rkey = mw.next_rkey();
         d.window = Some(mw);
