@@ -273,6 +273,12 @@ struct Args {
     /// measure what a smaller idle connection costs in calls.
     #[arg(long)]
     initial_slots: Option<u32>,
+    /// Message paths: largest DATA frame payload, both sides
+    /// (`rpc_core::SessionConfig::max_data_frame`, default just under
+    /// 1 MiB); a call's send window grows to hold two such frames. For
+    /// the frame-size sweep (docs/benchmarks.md).
+    #[arg(long, value_parser = parse_size)]
+    max_data_frame: Option<usize>,
 }
 
 /// `--poll-mode`.
@@ -299,6 +305,19 @@ impl PollModeArg {
 impl Args {
     /// The RDMA transport settings of the server's (`server`) or the
     /// clients' end, when an option changes them.
+    /// The call protocol's settings where `--max-data-frame` changes them.
+    fn session_config(&self) -> Option<rpc_core::SessionConfig> {
+        let f = self.max_data_frame?;
+        let d = rpc_core::SessionConfig::default();
+        let window = u32::try_from(f.saturating_mul(2)).unwrap_or(u32::MAX);
+        Some(rpc_core::SessionConfig {
+            max_data_frame: f,
+            initial_window: d.initial_window.max(window),
+            connection_window: d.connection_window.max(window.saturating_mul(8)),
+            ..d
+        })
+    }
+
     fn rdma_config(&self, server: bool) -> Option<rdma_transport::Config> {
         let poll_mode = match self.server_poll_mode {
             Some(m) if server => Some(m),
@@ -1186,6 +1205,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let mut server_builder = Server::builder();
+    if let Some(sc) = args.session_config() {
+        server_builder = server_builder.session_config(sc);
+    }
     if let Some(c) = args.rdma_config(true) {
         eprintln!(
             "rdma: {} rendezvous buffers of {} KiB, write with immediate {}",
@@ -1307,6 +1329,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                             .direct_path(matches!(path, PathKind::Direct | PathKind::UnaryFetch));
                         if let Some(c) = args.rdma_config(false) {
                             b = b.rdma_config(c);
+                        }
+                        if let Some(sc) = args.session_config() {
+                            b = b.session_config(sc);
                         }
                         match b.connect().await {
                             Err(e) => Err(format!("RdmaOnly connect failed: {e}")),

@@ -84,6 +84,13 @@ impl Engine {
     #[inline]
     pub(super) fn post_dest_writes<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
         while !self.dest_due.is_empty() && self.data_room() {
+            // The next large message's announcement goes ahead of this
+            // WRITE on the send queue, so that its grant comes back while
+            // the WRITE moves, not after it (a queue pair sends in order;
+            // §5.7 3.).
+            if self.announce_read(bufs) == Some(true) && !self.data_room() {
+                break;
+            }
             let d = self.dest_due.pop_front().expect("checked");
             let (wr_id, signaled) = self.push_record(None, false);
             self.actions.push(Action::PostWrite {

@@ -3788,6 +3788,56 @@ fn a_written_destination_goes_bind_dest_write_written_done() {
     assert_eq!(b.got, [m]);
 }
 
+/// §5.7: a large message queued when a grant arrives is announced ahead
+/// of the granted WRITE on the send queue, so that its own grant comes back
+/// while that WRITE moves: a queue pair sends in order, and behind the
+/// WRITE the announcement would wait for the whole body to go.
+#[test]
+fn the_next_announcement_goes_ahead_of_a_granted_write() {
+    let p = P {
+        zero_copy: 5000,
+        read: true,
+        write_dest: true,
+        slots: 16,
+        ..P::small()
+    };
+    let (mut a, mut b) = connect(&p);
+    pump(&mut a, &mut b);
+    let (m1, m2) = (pattern(1, 20_000), pattern(2, 30_000));
+    a.e.submit(m1.clone());
+    a.process(64);
+    while deliver(&mut a, &mut b) {}
+    b.process(64);
+    while deliver(&mut b, &mut a) {}
+    // The grant for m1 is in a's completion queue; m2 is queued with it.
+    a.e.submit(m2.clone());
+    a.process(64);
+    let seen: Vec<&str> = a
+        .wire
+        .iter()
+        .filter_map(|op| match op {
+            Op::Bind { .. } => Some("bind source"),
+            Op::Write { .. } => Some("WRITE"),
+            Op::Send { slot, len, .. } => {
+                match Header::decode(&a.mem.send_slot(*slot)[..*len])
+                    .unwrap()
+                    .kind
+                {
+                    Kind::RdvRead => Some("RDV_READ"),
+                    Kind::RdvWritten => Some("RDV_WRITTEN"),
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seen, ["bind source", "RDV_READ", "WRITE", "RDV_WRITTEN"]);
+    pump(&mut a, &mut b);
+    assert_eq!(b.got, [m1, m2]);
+    assert_eq!(b.e.counters.dest_bytes, 50_000);
+    assert!(a.mem.sources.iter().all(Option::is_none), "all released");
+}
+
 /// §5.7: a receiver that cannot grant a destination (no window) reads
 /// the message instead; one side without written destinations means
 /// reading both ways.
