@@ -303,8 +303,6 @@ impl PollModeArg {
 }
 
 impl Args {
-    /// The RDMA transport settings of the server's (`server`) or the
-    /// clients' end, when an option changes them.
     /// The call protocol's settings where `--max-data-frame` changes them.
     fn session_config(&self) -> Option<rpc_core::SessionConfig> {
         let f = self.max_data_frame?;
@@ -318,6 +316,8 @@ impl Args {
         })
     }
 
+    /// The RDMA transport settings of the server's (`server`) or the
+    /// clients' end, when an option changes them.
     fn rdma_config(&self, server: bool) -> Option<rdma_transport::Config> {
         let poll_mode = match self.server_poll_mode {
             Some(m) if server => Some(m),

@@ -3725,6 +3725,27 @@ fn large_bodies_are_written_into_destinations_the_receiver_grants() {
     }
 }
 
+/// What `op`, posted by `s`, is in §5.6 and §5.7's exchange; `None` for a
+/// SEND of another kind.
+fn rendezvous_op(s: &Side, op: &Op) -> Option<&'static str> {
+    Some(match op {
+        Op::BindDest { .. } => "bind dest",
+        Op::Bind { .. } => "bind source",
+        Op::Write { .. } => "WRITE",
+        Op::Send { slot, len, .. } => {
+            let at = *slot as usize * s.mem.slot;
+            match Header::decode(&s.mem.send[at..at + *len]).unwrap().kind {
+                Kind::RdvRead => "RDV_READ",
+                Kind::RdvDest => "RDV_DEST",
+                Kind::RdvWritten => "RDV_WRITTEN",
+                Kind::RdvDone => "RDV_DONE",
+                _ => return None,
+            }
+        }
+        Op::Read { .. } | Op::ReadStaging { .. } => "READ",
+    })
+}
+
 /// §5.7: the order on the wire is bind, RDV_DEST (receiver); WRITE,
 /// RDV_WRITTEN (sender); RDV_DONE (receiver, once handed up).
 #[test]
@@ -3744,23 +3765,8 @@ fn a_written_destination_goes_bind_dest_write_written_done() {
         for (s, o) in [(&mut a, 0), (&mut b, 1)] {
             s.process(64);
             for op in &s.wire {
-                let what = match op {
-                    Op::BindDest { .. } => "bind dest",
-                    Op::Bind { .. } => "bind source",
-                    Op::Write { .. } => "WRITE",
-                    Op::Send { slot, len, .. } => {
-                        match Header::decode(&s.mem.send_slot(*slot)[..*len])
-                            .unwrap()
-                            .kind
-                        {
-                            Kind::RdvRead => "RDV_READ",
-                            Kind::RdvDest => "RDV_DEST",
-                            Kind::RdvWritten => "RDV_WRITTEN",
-                            Kind::RdvDone => "RDV_DONE",
-                            _ => continue,
-                        }
-                    }
-                    Op::Read { .. } | Op::ReadStaging { .. } => "READ",
+                let Some(what) = rendezvous_op(s, op) else {
+                    continue;
                 };
                 if seen.last() != Some(&what) || o == 2 {
                     seen.push(what);
@@ -3815,21 +3821,7 @@ fn the_next_announcement_goes_ahead_of_a_granted_write() {
     let seen: Vec<&str> = a
         .wire
         .iter()
-        .filter_map(|op| match op {
-            Op::Bind { .. } => Some("bind source"),
-            Op::Write { .. } => Some("WRITE"),
-            Op::Send { slot, len, .. } => {
-                match Header::decode(&a.mem.send_slot(*slot)[..*len])
-                    .unwrap()
-                    .kind
-                {
-                    Kind::RdvRead => Some("RDV_READ"),
-                    Kind::RdvWritten => Some("RDV_WRITTEN"),
-                    _ => None,
-                }
-            }
-            _ => None,
-        })
+        .filter_map(|op| rendezvous_op(&a, op))
         .collect();
     assert_eq!(seen, ["bind source", "RDV_READ", "WRITE", "RDV_WRITTEN"]);
     pump(&mut a, &mut b);
