@@ -539,6 +539,61 @@ pub fn put_batch_part(b: &mut BytesMut, f: &[u8]) {
     b.put_slice(f);
 }
 
+/// Bytes [`encode_unary_reply`] makes for HEADERS with `md` then `extra`
+/// and a DATA payload of `data` bytes.
+pub fn unary_reply_len(md: &HeaderMap, extra: &[(&str, &[u8])], data: usize) -> usize {
+    batch_reply_len(metadata_size_with(md, extra).0, data)
+}
+
+/// [`unary_reply_len`] for a metadata block of `md_wire` bytes on the wire.
+fn batch_reply_len(md_wire: usize, data: usize) -> usize {
+    HEADER_LEN
+        + (4 + HEADER_LEN + md_wire)
+        + (4 + HEADER_LEN + data)
+        + (4 + HEADER_LEN + OK_TRAILERS.len())
+}
+
+/// A unary call's whole reply as one BATCH (§1.3, §1.7): HEADERS with
+/// `md` then `extra`, one DATA carrying `a ++ b` (without END_STREAM: the
+/// TRAILERS end the call) and the TRAILERS `grpc-status: 0`, written
+/// straight into one message instead of three frames batched afterwards.
+/// The peer reads exactly the three frames in order (§1.7). Checks the
+/// metadata of both blocks against the peer's `limit` as
+/// [`encode_metadata_frame`] does; the caller keeps the message within
+/// `max_batch_bytes` ([`unary_reply_len`]).
+pub fn encode_unary_reply(
+    stream: u32,
+    md: &HeaderMap,
+    extra: &[(&str, &[u8])],
+    a: &[u8],
+    b: &[u8],
+    limit: usize,
+) -> Result<Bytes, MetadataError> {
+    let mdlen = check_metadata_with(md, extra, limit)?;
+    if OK_TRAILERS_COUNTED > limit {
+        return Err(MetadataError::TooLarge {
+            got: OK_TRAILERS_COUNTED,
+            limit,
+        });
+    }
+    // Each length fits in u32: the whole is within the caller's batch size.
+    let part = |n: usize| u32::try_from(HEADER_LEN + n).unwrap_or(u32::MAX);
+    arena::build(batch_reply_len(mdlen, a.len() + b.len()), |buf| {
+        header(buf, kind::BATCH, 0, 0);
+        buf.put_u32(part(mdlen));
+        header(buf, kind::HEADERS, 0, stream);
+        put_metadata(buf, md, extra)?;
+        buf.put_u32(part(a.len() + b.len()));
+        header(buf, kind::DATA, 0, stream);
+        buf.put_slice(a);
+        buf.put_slice(b);
+        buf.put_u32(part(OK_TRAILERS.len()));
+        header(buf, kind::TRAILERS, 0, stream);
+        buf.put_slice(OK_TRAILERS);
+        Ok(())
+    })
+}
+
 /// The frames of a BATCH (§1.7), in order, each still encoded. Made by
 /// [`decode`], which checked every boundary, so iterating cannot fail.
 #[derive(Debug, Clone, PartialEq)]
@@ -802,6 +857,41 @@ pub fn decode_as<P: MethodPath>(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The reply written as one message is, byte for byte, the BATCH of its
+    /// three frames encoded one by one; its size is what `unary_reply_len`
+    /// says; a block over the peer's limit is refused, as for HEADERS alone.
+    #[test]
+    fn a_unary_reply_is_the_batch_of_its_three_frames() {
+        let mut md = HeaderMap::new();
+        md.insert("x-reply", HeaderValue::from_static("yes"));
+        let extra: &[(&str, &[u8])] = &[("content-type", b"application/grpc")];
+        let one = encode_unary_reply(9, &md, extra, b"\0\0\0\0\x02", b"hi", 1 << 20).unwrap();
+        let mut ok = HeaderMap::new();
+        ok.insert("grpc-status", HeaderValue::from_static("0"));
+        let three = encode_batch(&[
+            encode_metadata_frame_with(kind::HEADERS, 9, &md, extra, 1 << 20).unwrap(),
+            encode_data(9, b"\0\0\0\0\x02hi", false),
+            encode_metadata_frame(kind::TRAILERS, 9, &ok, 1 << 20).unwrap(),
+        ]);
+        assert_eq!(one, three);
+        assert_eq!(one.len(), unary_reply_len(&md, extra, 7));
+        let parts = match decode(one, &LIM).unwrap() {
+            Frame::Batch(p) => p.collect::<Vec<_>>(),
+            other => panic!("not a BATCH: {other:?}"),
+        };
+        assert_eq!(parts.len(), 3);
+        assert_eq!(ok_trailers_stream(&parts[2], &LIM), Some(9));
+        // "x-reply" + "yes" + "content-type" + "application/grpc" = 38 bytes.
+        assert!(matches!(
+            encode_unary_reply(9, &md, extra, b"", b"", 37),
+            Err(MetadataError::TooLarge { got: 38, limit: 37 })
+        ));
+        assert!(matches!(
+            encode_unary_reply(9, &HeaderMap::new(), &[], b"", b"", 11),
+            Err(MetadataError::TooLarge { got: 12, limit: 11 })
+        ));
+    }
 
     #[test]
     fn ok_trailers_are_recognized_only_when_decode_would_give_the_same() {

@@ -1154,6 +1154,79 @@ mod tests {
         assert_eq!(*log.lock().unwrap(), vec![(3, true)]);
     }
 
+    /// A direct-path unary reply leaves as one message written at once
+    /// (`try_send_unary_reply`): HEADERS with the handler's metadata and the
+    /// content type, the reply's DATA (no END_STREAM) and the TRAILERS
+    /// `grpc-status: 0`, for the call that asked, in that order. A reply
+    /// larger than a BATCH takes the three frames' way and arrives the same.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_direct_unary_reply_is_one_message_of_three_frames() {
+        use crate::server::generated::{Limits, ServerCall};
+        let accept: AcceptFn = Arc::new(|shared: Arc<Shared>, call: OpenCall| {
+            let call = ServerCall {
+                shared,
+                call,
+                span: None,
+            };
+            call.unary(
+                Limits::default(),
+                |req: tonic::Request<String>| async move {
+                    let n: usize = req.into_inner().parse().unwrap_or(0);
+                    let mut r = tonic::Response::new("r".repeat(n));
+                    r.metadata_mut()
+                        .insert("x-reply", tonic::metadata::MetadataValue::from_static("1"));
+                    Ok(r)
+                },
+            )
+            .0
+        });
+        let c = SessionConfig::default();
+        let (_server, mut tx, mut rx) =
+            server_with(accept, c.initial_window, c.connection_window).await;
+        // (call, reply length, one message): 6000 bytes do not fit a BATCH.
+        for (id, n, one) in [(1u32, 20usize, true), (3, 6000, false), (5, 0, true)] {
+            let req = crate::protocol::message::encode(&n.to_string(), None).unwrap();
+            let open = frame::encode_open(id, "/p.S/M", None, &HeaderMap::new(), false, 1 << 14);
+            let request = frame::encode_data(id, &req, true);
+            tx.send(frame::encode_batch(&[open.unwrap(), request]))
+                .await
+                .unwrap();
+            let mut got = next_frames(&mut rx).await;
+            assert_eq!(got.len() == 3, one, "call {id}: {got:?}");
+            while got.len() < 3 {
+                got.extend(next_frames(&mut rx).await);
+            }
+            assert_eq!(got.len(), 3, "call {id}: {got:?}");
+            match &got[0] {
+                Frame::Headers {
+                    stream, metadata, ..
+                } => {
+                    assert_eq!(*stream, id);
+                    assert_eq!(metadata["x-reply"], "1");
+                    assert_eq!(metadata["content-type"], "application/grpc");
+                }
+                f => panic!("call {id}: HEADERS first, got {f:?}"),
+            }
+            let reply = crate::protocol::message::encode(&"r".repeat(n), None).unwrap();
+            match &got[1] {
+                Frame::Data {
+                    stream,
+                    data,
+                    end_stream: false,
+                } => assert!(*stream == id && *data == reply, "call {id}: {got:?}"),
+                f => panic!("call {id}: DATA second, got {f:?}"),
+            }
+            match &got[2] {
+                Frame::Trailers { stream, metadata } => {
+                    assert_eq!(*stream, id);
+                    assert_eq!(metadata.len(), 1);
+                    assert_eq!(metadata["grpc-status"], "0");
+                }
+                f => panic!("call {id}: TRAILERS third, got {f:?}"),
+            }
+        }
+    }
+
     #[test]
     fn data_frames_fill_whole_granules() {
         let h = frame::HEADER_LEN;

@@ -168,8 +168,14 @@ impl ServerCall {
                 Ok(d) => d,
                 Err(st) => return send_status(&shared, stream, st),
             };
-            // HEADERS, DATA and TRAILERS leave together: the TRAILERS flush.
-            if !send_headers(&shared, stream, &message::sanitized(md), true) {
+            let md = message::sanitized(md);
+            // Usually the whole reply is one BATCH, written at once.
+            let data = match shared.try_send_unary_reply(stream, &window, &md, CONTENT_TYPE, data) {
+                Ok(_) => return,
+                Err(data) => data,
+            };
+            // Else HEADERS, DATA and TRAILERS leave together: the TRAILERS flush.
+            if !send_headers(&shared, stream, &md, true) {
                 return;
             }
             if shared
@@ -316,11 +322,13 @@ impl ServerCall {
     }
 }
 
+/// What the response's HEADERS carry after the handler's metadata.
+const CONTENT_TYPE: &[(&str, &[u8])] = &[("content-type", b"application/grpc")];
+
 /// The response's HEADERS: the handler's metadata (without the names tonic
 /// reserves, [`message::sanitized`]) and tonic's content type. `followed`:
 /// this task flushes next ([`Shared::send_ctrl_followed`]).
 fn send_headers(shared: &Shared, stream: u32, md: &http::HeaderMap, followed: bool) -> bool {
-    const CONTENT_TYPE: &[(&str, &[u8])] = &[("content-type", b"application/grpc")];
     send_metadata_with(
         shared,
         stream,

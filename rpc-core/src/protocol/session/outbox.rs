@@ -153,6 +153,11 @@ impl Outbox {
         }
     }
 
+    /// Largest BATCH message, 0 when the peer does not take BATCH (§1.7).
+    pub(super) fn batch_max(&self) -> usize {
+        self.batch_max
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }

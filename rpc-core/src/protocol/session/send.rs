@@ -264,33 +264,106 @@ impl Shared {
         if n == 0 || n > self.max_last_data {
             return Err(msg);
         }
+        let budget = match self.try_reserve_all(id, window, n) {
+            Ok(Some(budget)) => budget,
+            Ok(None) => return Err(msg),
+            Err(st) => return Ok(Err(st)),
+        };
+        let (frame, body) = data_frame(id, msg.head, msg.tail, end_stream);
+        Ok(self.push_data(frame, body, budget, end_stream, followed))
+    }
+
+    /// Takes `n` DATA bytes (`0 < n <= max_last_data`) of the call's window,
+    /// the connection's and the outbox's budget, each whole or not at all:
+    /// `Ok(Some(budget))`, the outbox budget the frame holds; `Ok(None)`
+    /// when one of them would wait (what was taken is given back).
+    fn try_reserve_all(
+        &self,
+        id: u32,
+        window: &SendWindow,
+        n: usize,
+    ) -> Result<Option<u32>, Status> {
         // `n <= max_last_data`, a frame's payload: fits in u32.
         let n32 = u32::try_from(n).unwrap_or(u32::MAX);
         match window.try_reserve_exact(n) {
             Some(Ok(())) => {}
-            Some(Err(st)) => return Ok(Err(st)),
-            None => return Err(msg),
+            Some(Err(st)) => return Err(st),
+            None => return Ok(None),
         }
         match self.conn_window.try_reserve_exact(n) {
             Some(Ok(())) => {}
-            Some(Err(st)) => return Ok(Err(st)),
+            Some(Err(st)) => return Err(st),
             None => {
                 let _ = window.grant(id, n32);
-                return Err(msg);
+                return Ok(None);
             }
         }
         let budget = n.min(OUT_QUEUE_BYTES) as u32;
         match self.try_budget(budget) {
-            Ok(true) => {}
+            Ok(true) => Ok(Some(budget)),
             Ok(false) => {
-                let _ = self.conn_window.grant(0, n32);
-                let _ = window.grant(id, n32);
-                return Err(msg);
+                self.give_back(id, window, n32, 0);
+                Ok(None)
             }
-            Err(st) => return Ok(Err(st)),
+            Err(st) => Err(st),
         }
-        let (frame, body) = data_frame(id, msg.head, msg.tail, end_stream);
-        Ok(self.push_data(frame, body, budget, end_stream, followed))
+    }
+
+    /// Gives back what [`try_reserve_all`](Self::try_reserve_all) took for
+    /// `n` bytes that were not sent after all (`budget`: its outbox budget,
+    /// 0 if that was not taken).
+    fn give_back(&self, id: u32, window: &SendWindow, n: u32, budget: u32) {
+        if budget > 0 {
+            self.out_budget.add_permits(budget as usize);
+        }
+        let _ = self.conn_window.grant(0, n);
+        let _ = window.grant(id, n);
+    }
+
+    /// A unary call's reply, HEADERS (`md`, then `extra`), its one message
+    /// and the TRAILERS `grpc-status: 0`, written as one BATCH message and
+    /// sent from this task (`frame::encode_unary_reply`, §1.7): one
+    /// encoding and one push instead of three frames queued, then copied
+    /// into a BATCH. It goes this way when the peer takes BATCH, the
+    /// message is small (no gather) and the whole fits one BATCH, and the
+    /// windows and the outbox's budget have room now; `Err(msg)` otherwise,
+    /// with nothing sent or taken: the caller sends the three frames as
+    /// usual (which also reports metadata over the peer's limit).
+    pub(crate) fn try_send_unary_reply(
+        &self,
+        id: u32,
+        window: &SendWindow,
+        md: &http::HeaderMap,
+        extra: &[(&str, &[u8])],
+        msg: Encoded,
+    ) -> Result<Result<(), Status>, Encoded> {
+        let n = msg.head.len() + msg.tail.len();
+        if n == 0 || n > self.max_last_data || n >= GATHER_MIN_BYTES {
+            return Err(msg);
+        }
+        if frame::unary_reply_len(md, extra, n) > self.outbox.batch_max() {
+            return Err(msg);
+        }
+        let budget = match self.try_reserve_all(id, window, n) {
+            Ok(Some(budget)) => budget,
+            Ok(None) => return Err(msg),
+            Err(st) => return Ok(Err(st)),
+        };
+        let limit = self.peer.max_metadata_bytes as usize;
+        match frame::encode_unary_reply(id, md, extra, &msg.head, &msg.tail, limit) {
+            Ok(batch) => {
+                if self.push_parts_then(batch, Bytes::new(), budget, true, true) {
+                    Ok(Ok(()))
+                } else {
+                    Ok(Err(self.closed_status()))
+                }
+            }
+            Err(_) => {
+                // `n` fits in u32 (checked above against a frame's payload).
+                self.give_back(id, window, n as u32, budget);
+                Err(msg)
+            }
+        }
     }
 
     async fn send_body_frames(
