@@ -75,3 +75,35 @@ async fn oversized_response_metadata_fails_only_its_call(fx: Fixture) {
 }
 
 rpc_tests::on_every_path!(oversized_response_metadata_fails_only_its_call);
+
+/// Request metadata over the server's limit (its HELLO's
+/// `max_metadata_bytes`, 16 KiB by default) is never sent on a message
+/// connection: that call alone fails RESOURCE_EXHAUSTED with the reason,
+/// and the connection carries on.
+async fn oversized_request_metadata_fails_only_its_call(fx: Fixture) {
+    let mut echo = EchoClient::new(fx.channel.clone());
+    let mut req = tonic::Request::new(EchoRequest {
+        message: "big".into(),
+        ..Default::default()
+    });
+    let big = "x".repeat(20 << 10);
+    req.metadata_mut()
+        .insert("x-big", big.parse().expect("an ASCII value"));
+    let e = echo.unary_echo(req).await.expect_err("over the limit");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("request metadata not sent")
+            && e.message().contains("max_metadata_bytes"),
+        "{e:?}"
+    );
+    let r = echo
+        .unary_echo(EchoRequest {
+            message: "after".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.into_inner().message, "after");
+}
+
+rpc_tests::on_paths!([memory, memory_tonic, rdma, rdma_tonic] oversized_request_metadata_fails_only_its_call);

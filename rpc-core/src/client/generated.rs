@@ -377,16 +377,34 @@ fn open_call(call: Prepared) -> impl std::future::Future<Output = Result<Opened,
             &ua
         };
         let remaining = deadline.map(|(at, _)| at.saturating_duration_since(Instant::now()));
-        let mut encoded = Err(None);
-        // The request's DATA(END_STREAM) follows the OPEN at once.
-        let (stream, rx, window) = shared.open_stream(
-            |id| {
-                encoded = frame::encode_open_with(id, path, remaining, &md, extra, false, limit)
-                    .map_err(Some);
-                encoded.clone().unwrap_or_default()
-            },
-            true,
-        )?;
+        // Metadata over the server's limit is never sent: the call ends
+        // here, with the reason (before a call is opened).
+        let n = data.head.len() + data.tail.len();
+        let len = frame::open_request_len(path, &md, extra, n, limit).map_err(|e| {
+            Status::resource_exhausted(format!(
+                "request metadata not sent: {e} (the server's max_metadata_bytes)"
+            ))
+        })?;
+        // Usually the OPEN and the whole request leave as one BATCH,
+        // written at once. Neither encoding below can fail: the metadata
+        // passed `open_request_len`.
+        let together = shared.try_open_with_request(n, len, |id| {
+            let (a, b) = (&data.head[..], &data.tail[..]);
+            frame::encode_open_request(id, path, remaining, &md, extra, a, b, limit)
+                .unwrap_or_default()
+        })?;
+        let sent = together.is_some();
+        let (stream, rx, window) = match together {
+            Some(opened) => opened,
+            // The request's DATA(END_STREAM) follows the OPEN at once.
+            None => shared.open_stream(
+                |id| {
+                    frame::encode_open_with(id, path, remaining, &md, extra, false, limit)
+                        .unwrap_or_default()
+                },
+                true,
+            )?,
+        };
         drop(md);
         let guard = CallGuard {
             shared: shared.clone(),
@@ -395,18 +413,13 @@ fn open_call(call: Prepared) -> impl std::future::Future<Output = Result<Opened,
             _permit: Some(permit),
             timer: None,
         };
-        if let Err(Some(e)) = encoded {
-            // Nothing was sent: the call ends here, with the reason.
-            drop(guard);
-            return Err(Status::resource_exhausted(format!(
-                "request metadata not sent: {e} (the server's max_metadata_bytes)"
-            )));
-        }
         // If the call ended early (the server answered, or reset it),
         // the answer is in `rx`: read it rather than report the send.
-        let _ = shared
-            .send_message(stream, &window, data, true, false)
-            .await;
+        if !sent {
+            let _ = shared
+                .send_message(stream, &window, data, true, false)
+                .await;
+        }
         Ok(Opened {
             shared,
             stream,

@@ -594,6 +594,63 @@ pub fn encode_unary_reply(
     })
 }
 
+/// Bytes [`encode_open_request`] makes for these arguments, after checking
+/// the metadata against the peer's `limit` as [`encode_open`] does.
+pub fn open_request_len(
+    path: &str,
+    md: &HeaderMap,
+    extra: &[(&str, &[u8])],
+    data: usize,
+    limit: usize,
+) -> Result<usize, MetadataError> {
+    let mdlen = check_metadata_with(md, extra, limit)?;
+    Ok(open_request_len_with(path, mdlen, data))
+}
+
+/// [`open_request_len`] for a metadata block of `md_wire` bytes on the wire.
+fn open_request_len_with(path: &str, md_wire: usize, data: usize) -> usize {
+    HEADER_LEN
+        + (4 + HEADER_LEN + 8 + 2 + truncate_utf8(path).len() + md_wire)
+        + (4 + HEADER_LEN + data)
+}
+
+/// A call's OPEN (without END_STREAM) and its whole request, one DATA
+/// carrying `a ++ b` with END_STREAM, as one BATCH (§1.3, §1.7), written
+/// straight into one message instead of two frames batched afterwards.
+/// Checks the metadata as [`encode_open`]; the caller keeps the message
+/// within `max_batch_bytes` ([`open_request_len`]).
+#[allow(clippy::too_many_arguments)]
+pub fn encode_open_request(
+    stream: u32,
+    path: &str,
+    timeout: Option<Duration>,
+    md: &HeaderMap,
+    extra: &[(&str, &[u8])],
+    a: &[u8],
+    b: &[u8],
+    limit: usize,
+) -> Result<Bytes, MetadataError> {
+    let mdlen = check_metadata_with(md, extra, limit)?;
+    let path = truncate_utf8(path);
+    // Each length fits in u32: the whole is within the caller's batch size.
+    let part = |n: usize| u32::try_from(HEADER_LEN + n).unwrap_or(u32::MAX);
+    let data = a.len() + b.len();
+    arena::build(open_request_len_with(path, mdlen, data), |buf| {
+        header(buf, kind::BATCH, 0, 0);
+        buf.put_u32(part(8 + 2 + path.len() + mdlen));
+        header(buf, kind::OPEN, 0, stream);
+        let micros = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
+        buf.put_u64(micros);
+        put_string(buf, path);
+        put_metadata(buf, md, extra)?;
+        buf.put_u32(part(data));
+        header(buf, kind::DATA, FLAG_END_STREAM, stream);
+        buf.put_slice(a);
+        buf.put_slice(b);
+        Ok(())
+    })
+}
+
 /// The frames of a BATCH (§1.7), in order, each still encoded. Made by
 /// [`decode`], which checked every boundary, so iterating cannot fail.
 #[derive(Debug, Clone, PartialEq)]
@@ -891,6 +948,33 @@ mod tests {
             encode_unary_reply(9, &HeaderMap::new(), &[], b"", b"", 11),
             Err(MetadataError::TooLarge { got: 12, limit: 11 })
         ));
+    }
+
+    /// OPEN and the request written as one message are, byte for byte, the
+    /// BATCH of the two frames encoded one by one, of the size
+    /// `open_request_len` says; metadata over the limit is refused.
+    #[test]
+    fn an_open_with_its_request_is_the_batch_of_its_two_frames() {
+        let mut md = HeaderMap::new();
+        md.insert("x-req", HeaderValue::from_static("1"));
+        let extra: &[(&str, &[u8])] = &[("user-agent", b"t")];
+        let t = Some(Duration::from_millis(1500));
+        let one = encode_open_request(5, "/p.S/M", t, &md, extra, b"\0\0\0\0\x01", b"z", 99);
+        let two = encode_batch(&[
+            encode_open_with(5, "/p.S/M", t, &md, extra, false, 99).unwrap(),
+            encode_data(5, b"\0\0\0\0\x01z", true),
+        ]);
+        assert_eq!(one.unwrap(), two);
+        assert_eq!(
+            open_request_len("/p.S/M", &md, extra, 6, 99).unwrap(),
+            two.len()
+        );
+        // "x-req" + "1" + "user-agent" + "t" = 17 bytes.
+        assert!(matches!(
+            encode_open_request(5, "/p.S/M", None, &md, extra, b"", b"", 16),
+            Err(MetadataError::TooLarge { got: 17, limit: 16 })
+        ));
+        assert!(open_request_len("/p.S/M", &md, extra, 0, 16).is_err());
     }
 
     #[test]

@@ -624,6 +624,85 @@ impl Shared {
         followed: bool,
     ) -> Result<(u32, InboundRx, CallWindow), Status> {
         let mut s = lock(&self.state);
+        let (id, rx, window) = self.open_locked(&mut s)?;
+        if followed {
+            self.send_ctrl_followed(open(id));
+        } else {
+            self.send_ctrl(open(id));
+        }
+        Ok((id, rx, window))
+    }
+
+    /// Client: [`open_stream`](Self::open_stream) for a call whose whole
+    /// request is one small message of `n` bytes, written with its OPEN as
+    /// one BATCH of `len` bytes by `open` (`frame::encode_open_request`:
+    /// OPEN, then DATA with END_STREAM) and sent from this task: one push
+    /// instead of two, and no BATCH copied together from the frames.
+    ///
+    /// It goes this way when the peer takes BATCH, the message is small (no
+    /// gather) and within the new call's window, the BATCH fits
+    /// `max_batch_bytes`, and the connection's window and the outbox's
+    /// budget have room now; `Ok(None)` otherwise, with nothing opened or
+    /// taken: the caller opens the call as usual. `open` must not fail
+    /// (the caller checked the metadata: `frame::open_request_len`).
+    pub(crate) fn try_open_with_request(
+        &self,
+        n: usize,
+        len: usize,
+        open: impl FnOnce(u32) -> Bytes,
+    ) -> Result<Option<(u32, InboundRx, CallWindow)>, Status> {
+        if n == 0
+            || n > self.max_last_data
+            || n >= send::GATHER_MIN_BYTES
+            || n > self.peer.initial_window as usize
+            || len > self.outbox.batch_max()
+        {
+            return Ok(None);
+        }
+        // `n` is below GATHER_MIN_BYTES: fits in u32.
+        let n32 = n as u32;
+        match self.conn_window.try_reserve_exact(n) {
+            Some(Ok(())) => {}
+            Some(Err(st)) => return Err(st),
+            None => return Ok(None),
+        }
+        let give_back = || {
+            let _ = self.conn_window.grant(0, n32);
+        };
+        match self.try_budget(n32) {
+            Ok(true) => {}
+            Ok(false) => {
+                give_back();
+                return Ok(None);
+            }
+            Err(st) => {
+                give_back();
+                return Err(st);
+            }
+        }
+        let mut s = lock(&self.state);
+        let (id, rx, window) = match self.open_locked(&mut s) {
+            Ok(opened) => opened,
+            Err(st) => {
+                drop(s);
+                self.out_budget.add_permits(n);
+                give_back();
+                return Err(st);
+            }
+        };
+        // A new call's window is the peer's initial window, `n` or more:
+        // taking `n` of it cannot wait.
+        let took = window.try_reserve_exact(n);
+        debug_assert!(matches!(took, Some(Ok(()))), "{took:?}");
+        // Under the lock, as every OPEN (ids in order); sent after it.
+        let _ = self.push_parts_then(open(id), Bytes::new(), n32, false, false);
+        drop(s);
+        self.flush_queued();
+        Ok(Some((id, rx, window)))
+    }
+
+    /// Registers a new call (client) in the locked state.
+    fn open_locked(&self, s: &mut State) -> Result<(u32, InboundRx, CallWindow), Status> {
         if let Some(st) = &s.closed {
             return Err(st.clone());
         }
@@ -642,11 +721,6 @@ impl Shared {
                 Status::unavailable("stream ids exhausted on this connection; reconnect")
             }
         })?;
-        if followed {
-            self.send_ctrl_followed(open(id));
-        } else {
-            self.send_ctrl(open(id));
-        }
         Ok((id, rx, window))
     }
 

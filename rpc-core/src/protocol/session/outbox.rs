@@ -208,6 +208,23 @@ impl Outbox {
         sent.map_or(Pushed::Queued, Pushed::Sent)
     }
 
+    /// Sends what is queued from this task if the sender is idle and takes
+    /// it without waiting, as a flushing push does, with nothing to push
+    /// (frames pushed `wake: false` under a lock this task held).
+    pub(super) fn flush_queued(&self) -> Pushed {
+        let mut inner = self.lock();
+        if inner.done {
+            return Pushed::Closed;
+        }
+        let sent = self.flush(&mut inner);
+        let queued = !inner.queue.is_empty();
+        drop(inner);
+        if queued {
+            self.wake.notify_one();
+        }
+        sent.map_or(Pushed::Queued, Pushed::Sent)
+    }
+
     /// Sends queued messages while the idle sender takes them at once.
     fn flush(&self, inner: &mut Inner) -> Option<Sent> {
         let mut tx = inner.idle.take()?;

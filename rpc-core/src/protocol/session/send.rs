@@ -15,7 +15,7 @@ use tonic::Status;
 /// DATA payloads at least this large are sent as a gather (frame header and
 /// payload as two parts) instead of being copied behind the header; smaller
 /// ones are copied, which keeps them batchable (§1.7).
-const GATHER_MIN_BYTES: usize = 8 << 10;
+pub(super) const GATHER_MIN_BYTES: usize = 8 << 10;
 
 /// A DATA frame carrying `first` then `chunk`, as the transport takes it:
 /// the frame's leading part, and a part sent as is (a gather: the transport
@@ -59,6 +59,14 @@ impl Shared {
         let _ = self.push_parts_then(frame, Bytes::new(), 0, false, false);
     }
 
+    /// Sends what this task queued without a flush
+    /// ([`Outbox::flush_queued`](super::outbox::Outbox::flush_queued)).
+    pub(super) fn flush_queued(&self) {
+        if let Pushed::Sent(sent) = self.outbox.flush_queued() {
+            self.sent(sent.budget, &sent.result);
+        }
+    }
+
     /// Hands a frame to the outbox; false once the connection is closed.
     fn push(&self, frame: Bytes, budget: u32, flush: bool) -> bool {
         self.push_parts(frame, Bytes::new(), budget, flush)
@@ -89,7 +97,7 @@ impl Shared {
 
     /// [`push_parts`](Self::push_parts); without `flush`, `wake` says whether
     /// the writer is woken for the frame.
-    fn push_parts_then(
+    pub(super) fn push_parts_then(
         &self,
         head: Bytes,
         body: Bytes,
@@ -158,7 +166,7 @@ impl Shared {
 
     /// Takes `n` bytes of the outbox's budget if it has them now:
     /// `Ok(false)` (nothing taken) when taking them would wait.
-    fn try_budget(&self, n: u32) -> Result<bool, Status> {
+    pub(super) fn try_budget(&self, n: u32) -> Result<bool, Status> {
         if n == 0 {
             return Ok(true);
         }
