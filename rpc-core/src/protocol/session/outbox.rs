@@ -324,10 +324,13 @@ impl Outbox {
 }
 
 /// Pops the next connection message: the first queued frame, with the frames
-/// after it in one BATCH while they fit in `batch_max` (§1.7). A message that
-/// is already a BATCH (put back after back-pressure) leaves alone. A BATCH
-/// is built in the thread's frame buffer for a message sent at once
-/// (`shared`), in a buffer of its own for one that may wait.
+/// after it in one BATCH while they fit in `batch_max` (§1.7). A queued
+/// message that is already a BATCH (a unary call's whole request or reply,
+/// written at once; or one put back after back-pressure) joins it with its
+/// parts as they are: a BATCH is never nested, and never sent alone when
+/// frames beside it could share its message. A BATCH is built in the
+/// thread's frame buffer for a message sent at once (`shared`), in a buffer
+/// of its own for one that may wait.
 fn take_message(queue: &mut VecDeque<Out>, batch_max: usize, shared: bool) -> Out {
     let Some(first) = queue.pop_front() else {
         return Out {
@@ -337,17 +340,17 @@ fn take_message(queue: &mut VecDeque<Out>, batch_max: usize, shared: bool) -> Ou
             owned: true,
         };
     };
-    let batchable = |o: &Out| o.body.is_empty() && o.msg.first() != Some(&frame::kind::BATCH);
-    let mut size = frame::HEADER_LEN + 4 + first.msg.len();
+    let batchable = |o: &Out| o.body.is_empty();
+    let mut size = frame::HEADER_LEN + batch_share(&first.msg);
     if size > batch_max || !batchable(&first) {
         return first;
     }
     let mut n = 0;
     for o in queue.iter() {
-        if !batchable(o) || size + 4 + o.msg.len() > batch_max {
+        if !batchable(o) || size + batch_share(&o.msg) > batch_max {
             break;
         }
-        size += 4 + o.msg.len();
+        size += batch_share(&o.msg);
         n += 1;
     }
     if n == 0 {
@@ -357,10 +360,10 @@ fn take_message(queue: &mut VecDeque<Out>, batch_max: usize, shared: bool) -> Ou
     // no list of the parts in between.
     let mut budget = first.budget;
     let parts = |b: &mut bytes::BytesMut| {
-        frame::put_batch_part(b, &first.msg);
+        put_batch_share(b, &first.msg);
         for o in queue.drain(..n) {
             budget = budget.saturating_add(o.budget);
-            frame::put_batch_part(b, &o.msg);
+            put_batch_share(b, &o.msg);
         }
     };
     let msg = if shared {
@@ -373,6 +376,31 @@ fn take_message(queue: &mut VecDeque<Out>, batch_max: usize, shared: bool) -> Ou
         body: Bytes::new(),
         budget,
         owned: !shared,
+    }
+}
+
+/// Whether a queued message is a BATCH (made whole by this side: its parts
+/// are well formed).
+fn is_batch(msg: &[u8]) -> bool {
+    msg.first() == Some(&frame::kind::BATCH) && msg.len() >= frame::HEADER_LEN
+}
+
+/// Bytes `msg` adds to a BATCH: a BATCH its parts, a frame itself behind
+/// its length.
+fn batch_share(msg: &[u8]) -> usize {
+    if is_batch(msg) {
+        msg.len() - frame::HEADER_LEN
+    } else {
+        4 + msg.len()
+    }
+}
+
+/// Appends `msg` to a BATCH being built ([`batch_share`]).
+fn put_batch_share(b: &mut bytes::BytesMut, msg: &[u8]) {
+    if is_batch(msg) {
+        b.extend_from_slice(&msg[frame::HEADER_LEN..]);
+    } else {
+        frame::put_batch_part(b, msg);
     }
 }
 
@@ -510,6 +538,52 @@ mod tests {
             assert!(q.owned && q.msg == f2 && q.msg.as_ptr() != f2.as_ptr());
         }
         out.lock().idle = Some(tx);
+    }
+
+    /// A message already written as a BATCH (a unary reply) joins the
+    /// frames queued beside it with its parts as they are: one BATCH of
+    /// every frame, in order, none nested; alone, it leaves as it is.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_batch_joins_the_frames_beside_it_flat() {
+        let (a, b) = mem::pair();
+        let (tx, _) = a.split();
+        let (_, mut rx) = b.split();
+        let out = Outbox::new(tx, 1024);
+        let reply = frame::encode_batch(&[data(3, 1, false), data(3, 2, false)]);
+        let _ = out.push(data(1, 1, false), 1, false);
+        let _ = out.push(reply.clone(), 2, false);
+        let sent = pushed_sent(out.push(data(5, 1, true), 1, true));
+        assert_eq!(sent.budget, 4);
+        assert_eq!(
+            rx.recv().now_or_never_ready(),
+            frame::encode_batch(&[
+                data(1, 1, false),
+                data(3, 1, false),
+                data(3, 2, false),
+                data(5, 1, true)
+            ])
+        );
+        // First in the queue, then a frame: the same, flat.
+        let _ = out.push(reply.clone(), 2, false);
+        let _ = pushed_sent(out.push(data(5, 2, true), 1, true));
+        assert_eq!(
+            rx.recv().now_or_never_ready(),
+            frame::encode_batch(&[data(3, 1, false), data(3, 2, false), data(5, 2, true)])
+        );
+        // Alone: as it was written.
+        let _ = pushed_sent(out.push(reply.clone(), 2, true));
+        assert_eq!(rx.recv().now_or_never_ready(), reply);
+        // Two that do not fit one message together leave one by one.
+        let out = |msg: &Bytes| Out {
+            msg: msg.clone(),
+            body: Bytes::new(),
+            budget: 2,
+            owned: false,
+        };
+        let mut queue = VecDeque::from([out(&reply), out(&reply)]);
+        assert_eq!(take_message(&mut queue, reply.len() + 4, true).msg, reply);
+        assert_eq!(take_message(&mut queue, reply.len() + 4, true).msg, reply);
+        assert!(queue.is_empty());
     }
 
     /// Without BATCH support each frame leaves as its own message, in order.
