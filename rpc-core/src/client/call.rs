@@ -7,7 +7,7 @@ use super::{MsgChannel, Req, RespFuture, Slot};
 use crate::error::{error_chain, BoxError};
 use crate::protocol::body::RecvBody;
 use crate::protocol::session::{CallGuard, Inbound};
-use crate::protocol::timeout;
+use crate::protocol::{frame, timeout};
 use crate::transport::http2::{deadline_status, CallCancel, ClientResponseBody};
 use bytes::Bytes;
 use futures::future::FutureExt;
@@ -196,7 +196,7 @@ pub(super) async fn msg_call(
         // if it closed since, OPEN fails below with its status.
         let (shared, permit) = chan.slot(slot).await?;
         let limit = shared.peer.max_metadata_bytes as usize;
-        if let Err(e) = crate::protocol::frame::check_metadata(&md, limit) {
+        if let Err(e) = frame::check_metadata(&md, limit) {
             return Err(Status::resource_exhausted(format!(
                 "request metadata not sent: {e} (the server's max_metadata_bytes)"
             )));
@@ -223,15 +223,36 @@ pub(super) async fn msg_call(
             }
         }
         let open_ends = end && ready.is_empty();
-        // A unary request (all of it ready) follows its OPEN at once.
-        let (stream, mut rx, window) = shared.open_stream(
-            |id| {
-                // Checked against `limit` just above: cannot fail here.
-                crate::protocol::frame::encode_open(id, path, remaining, &md, open_ends, limit)
-                    .unwrap_or_default()
-            },
-            end && !ready.is_empty(),
-        )?;
+        // A unary request (one message, then the end) is usually written
+        // with its OPEN as one BATCH, at once (§1.7).
+        let together = match (&ready.first, end && ready.more.is_empty()) {
+            (Some(d), true) => {
+                let n = d.len();
+                // The metadata was checked against `limit` just above:
+                // neither this nor the encoding below can fail.
+                match frame::open_request_len(path, &md, &[], n, limit) {
+                    Ok(len) => shared.try_open_with_request(n, len, |id| {
+                        frame::encode_open_request(id, path, remaining, &md, &[], d, &[], limit)
+                            .unwrap_or_default()
+                    })?,
+                    Err(_) => None,
+                }
+            }
+            _ => None,
+        };
+        let sent = together.is_some();
+        // Else a unary request (all of it ready) follows its OPEN at once.
+        let (stream, mut rx, window) = match together {
+            Some(opened) => opened,
+            None => shared.open_stream(
+                |id| {
+                    // Checked against `limit` just above: cannot fail here.
+                    frame::encode_open(id, path, remaining, &md, open_ends, limit)
+                        .unwrap_or_default()
+                },
+                end && !ready.is_empty(),
+            )?,
+        };
         let mut guard = CallGuard {
             shared: shared.clone(),
             stream,
@@ -247,7 +268,8 @@ pub(super) async fn msg_call(
             });
             guard.timer = Some(t.abort_handle());
         }
-        if end {
+        // A request that left with its OPEN (`sent`) is all there was.
+        if end && !sent {
             let n = ready.len();
             for (i, d) in ready.into_iter().enumerate() {
                 // If the call ended early (the server answered, or reset it), the
@@ -260,7 +282,7 @@ pub(super) async fn msg_call(
                     break;
                 }
             }
-        } else {
+        } else if !end {
             let s = shared.clone();
             let w = window.clone();
             // The pump ends when the body ends or the call closes (window closed).

@@ -6,9 +6,12 @@
 use super::layers::HttpService;
 use crate::error::BoxError;
 use crate::protocol::body::RecvBody;
+use crate::protocol::message::Encoded;
 use crate::protocol::session::{CallFuture, OpenCall, Shared};
 use crate::protocol::{frame, timeout};
 use crate::ConnInfo;
+use bytes::Bytes;
+use futures::FutureExt;
 use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,11 +133,40 @@ async fn handle_call<S: CallSvc>(mut svc: S, shared: Arc<Shared>, call: OpenCall
             send_metadata(&shared, stream, frame::kind::TRAILERS, &headers);
             return;
         }
+        // A unary reply usually has its message and then its trailers
+        // (`grpc-status: 0` alone) ready at once: the three are then
+        // written as one BATCH (§1.7). Frames taken to see that are handled
+        // first below, when it was not so.
+        let mut taken = [body.frame().now_or_never(), None];
+        if matches!(&taken[0], Some(Some(Ok(f))) if f.is_data()) {
+            taken[1] = body.frame().now_or_never();
+        }
+        if let [Some(Some(Ok(d))), Some(Some(Ok(t)))] = &taken {
+            if let (Some(data), true) = (d.data_ref(), t.trailers_ref().is_some_and(is_ok_only)) {
+                let msg = Encoded {
+                    head: data.clone(),
+                    tail: Bytes::new(),
+                };
+                // `Err`: it could not go that way; the frames go one by one.
+                if shared
+                    .try_send_unary_reply(stream, &window, &headers, &[], msg)
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+        }
         if !send_metadata(&shared, stream, frame::kind::HEADERS, &headers) {
             return;
         }
+        // The frames that were ready (`None` among them: the body's end).
+        let mut taken = taken.into_iter().flatten();
         loop {
-            match body.frame().await {
+            let next = match taken.next() {
+                Some(item) => item,
+                None => body.frame().await,
+            };
+            match next {
                 Some(Ok(f)) => match f.into_data() {
                     Ok(data) => {
                         if shared
@@ -335,6 +367,15 @@ pub(super) fn send_status(shared: &Shared, stream: u32, status: Status) {
         md.insert("grpc-status", http::HeaderValue::from(status.code() as i32));
     }
     send_metadata(shared, stream, frame::kind::TRAILERS, &md);
+}
+
+/// Whether `trailers` are those of a call that succeeded and nothing else:
+/// `grpc-status: 0` alone.
+fn is_ok_only(trailers: &http::HeaderMap) -> bool {
+    trailers.len() == 1
+        && trailers
+            .get(const { http::HeaderName::from_static("grpc-status") })
+            .is_some_and(|v| v == "0")
 }
 
 /// Sends a call's HEADERS or TRAILERS if the client's metadata limit (its
