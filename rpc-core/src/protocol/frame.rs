@@ -1295,6 +1295,51 @@ mod tests {
             let _ = decode(Bytes::from(data), &LIM);
         }
 
+        /// A unary call written whole, request or reply, is the BATCH of its
+        /// frames encoded one by one, for any metadata, path, deadline and
+        /// payload split, and is the size its `_len` function says.
+        #[test]
+        fn a_call_written_whole_is_its_frames_batched(
+            entries in proptest::collection::vec(("x-[a-z]{1,8}", "[ -~]{0,24}"), 0..5),
+            path in "/[a-zA-Z.]{1,20}/[a-zA-Z]{1,12}",
+            micros in proptest::option::of(1u64..10_000_000),
+            payload in proptest::collection::vec(any::<u8>(), 0..300),
+            split in 0usize..300,
+            stream in 1u32..1000,
+        ) {
+            let mut md = HeaderMap::new();
+            for (k, v) in &entries {
+                md.append(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            let extra: &[(&str, &[u8])] = &[("user-agent", b"p")];
+            let (a, b) = payload.split_at(split.min(payload.len()));
+            let t = micros.map(Duration::from_micros);
+            let one = encode_open_request(stream, &path, t, &md, extra, a, b, 1 << 16).unwrap();
+            let two = encode_batch(&[
+                encode_open_with(stream, &path, t, &md, extra, false, 1 << 16).unwrap(),
+                encode_data(stream, &payload, true),
+            ]);
+            prop_assert_eq!(&one, &two);
+            prop_assert_eq!(
+                open_request_len(&path, &md, extra, payload.len(), 1 << 16).unwrap(),
+                one.len()
+            );
+            let reply = encode_unary_reply(stream, &md, extra, a, b, 1 << 16).unwrap();
+            let mut ok = HeaderMap::new();
+            ok.insert("grpc-status", HeaderValue::from_static("0"));
+            let three = encode_batch(&[
+                encode_metadata_frame_with(kind::HEADERS, stream, &md, extra, 1 << 16).unwrap(),
+                encode_data(stream, &payload, false),
+                encode_metadata_frame(kind::TRAILERS, stream, &ok, 1 << 16).unwrap(),
+            ]);
+            prop_assert_eq!(&reply, &three);
+            prop_assert_eq!(unary_reply_len(&md, extra, payload.len()), reply.len());
+            prop_assert!(matches!(decode(reply, &LIM), Ok(Frame::Batch(_))));
+        }
+
         #[test]
         fn truncated_open_is_an_error(cut in 0usize..60) {
             let mut md = HeaderMap::new();
