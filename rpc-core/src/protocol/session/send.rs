@@ -1,10 +1,11 @@
 //! The send path of a session: control frames, and a call's DATA under
 //! the call's window, the connection's window and the outbox's byte
 //! budget (`docs/wire-protocol.md` §1.4), split into frames the transport
-//! takes as one part or as a gather of two.
+//! takes as one part or as a gather of two; and a unary call written
+//! whole, its OPEN with the request or its reply, as one BATCH (§1.7).
 
 use super::outbox::Pushed;
-use super::{io_status, Shared, OUT_QUEUE_BYTES};
+use super::{io_status, lock, CallWindow, InboundRx, Shared, OUT_QUEUE_BYTES};
 use crate::protocol::frame;
 use crate::protocol::message::Encoded;
 use crate::protocol::window::SendWindow;
@@ -15,7 +16,7 @@ use tonic::Status;
 /// DATA payloads at least this large are sent as a gather (frame header and
 /// payload as two parts) instead of being copied behind the header; smaller
 /// ones are copied, which keeps them batchable (§1.7).
-pub(super) const GATHER_MIN_BYTES: usize = 8 << 10;
+const GATHER_MIN_BYTES: usize = 8 << 10;
 
 /// A DATA frame carrying `first` then `chunk`, as the transport takes it:
 /// the frame's leading part, and a part sent as is (a gather: the transport
@@ -61,7 +62,7 @@ impl Shared {
 
     /// Sends what this task queued without a flush
     /// ([`Outbox::flush_queued`](super::outbox::Outbox::flush_queued)).
-    pub(super) fn flush_queued(&self) {
+    fn flush_queued(&self) {
         if let Pushed::Sent(sent) = self.outbox.flush_queued() {
             self.sent(sent.budget, &sent.result);
         }
@@ -97,7 +98,7 @@ impl Shared {
 
     /// [`push_parts`](Self::push_parts); without `flush`, `wake` says whether
     /// the writer is woken for the frame.
-    pub(super) fn push_parts_then(
+    fn push_parts_then(
         &self,
         head: Bytes,
         body: Bytes,
@@ -166,7 +167,7 @@ impl Shared {
 
     /// Takes `n` bytes of the outbox's budget if it has them now:
     /// `Ok(false)` (nothing taken) when taking them would wait.
-    pub(super) fn try_budget(&self, n: u32) -> Result<bool, Status> {
+    fn try_budget(&self, n: u32) -> Result<bool, Status> {
         if n == 0 {
             return Ok(true);
         }
@@ -326,6 +327,74 @@ impl Shared {
         }
         let _ = self.conn_window.grant(0, n);
         let _ = window.grant(id, n);
+    }
+
+    /// Client: [`open_stream`](Shared::open_stream) for a call whose whole
+    /// request is one small message of `n` bytes, written with its OPEN as
+    /// one BATCH of `len` bytes by `open` (`frame::encode_open_request`:
+    /// OPEN, then DATA with END_STREAM) and sent from this task: one push
+    /// instead of two, and no BATCH copied together from the frames.
+    ///
+    /// It goes this way when the peer takes BATCH, the message is small (no
+    /// gather) and within the new call's window, the BATCH fits
+    /// `max_batch_bytes`, and the connection's window and the outbox's
+    /// budget have room now; `Ok(None)` otherwise, with nothing opened or
+    /// taken: the caller opens the call as usual. `open` must not fail
+    /// (the caller checked the metadata: `frame::open_request_len`).
+    pub(crate) fn try_open_with_request(
+        &self,
+        n: usize,
+        len: usize,
+        open: impl FnOnce(u32) -> Bytes,
+    ) -> Result<Option<(u32, InboundRx, CallWindow)>, Status> {
+        if n == 0
+            || n > self.max_last_data
+            || n >= GATHER_MIN_BYTES
+            || n > self.peer.initial_window as usize
+            || len > self.outbox.batch_max()
+        {
+            return Ok(None);
+        }
+        // `n` is below GATHER_MIN_BYTES: fits in u32.
+        let n32 = n as u32;
+        match self.conn_window.try_reserve_exact(n) {
+            Some(Ok(())) => {}
+            Some(Err(st)) => return Err(st),
+            None => return Ok(None),
+        }
+        let give_back = || {
+            let _ = self.conn_window.grant(0, n32);
+        };
+        match self.try_budget(n32) {
+            Ok(true) => {}
+            Ok(false) => {
+                give_back();
+                return Ok(None);
+            }
+            Err(st) => {
+                give_back();
+                return Err(st);
+            }
+        }
+        let mut s = lock(&self.state);
+        let (id, rx, window) = match self.open_locked(&mut s) {
+            Ok(opened) => opened,
+            Err(st) => {
+                drop(s);
+                self.out_budget.add_permits(n);
+                give_back();
+                return Err(st);
+            }
+        };
+        // A new call's window is the peer's initial window, `n` or more:
+        // taking `n` of it cannot wait.
+        let took = window.try_reserve_exact(n);
+        debug_assert!(matches!(took, Some(Ok(()))), "{took:?}");
+        // Under the lock, as every OPEN (ids in order); sent after it.
+        let _ = self.push_parts_then(open(id), Bytes::new(), n32, false, false);
+        drop(s);
+        self.flush_queued();
+        Ok(Some((id, rx, window)))
     }
 
     /// A unary call's reply, HEADERS (`md`, then `extra`), its one message
