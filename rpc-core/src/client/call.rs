@@ -196,11 +196,14 @@ pub(super) async fn msg_call(
         // if it closed since, OPEN fails below with its status.
         let (shared, permit) = chan.slot(slot).await?;
         let limit = shared.peer.max_metadata_bytes as usize;
-        if let Err(e) = frame::check_metadata(&md, limit) {
-            return Err(Status::resource_exhausted(format!(
-                "request metadata not sent: {e} (the server's max_metadata_bytes)"
-            )));
-        }
+        let md_wire = match frame::check_metadata_with(&md, &[], limit) {
+            Ok(w) => w,
+            Err(e) => {
+                return Err(Status::resource_exhausted(format!(
+                    "request metadata not sent: {e} (the server's max_metadata_bytes)"
+                )))
+            }
+        };
         let remaining = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
         // Take what the request body has ready now: a unary request is one
         // message and then the end, so it needs no pump task, and OPEN plus its
@@ -227,16 +230,13 @@ pub(super) async fn msg_call(
         // with its OPEN as one BATCH, at once (§1.7).
         let together = match (&ready.first, end && ready.more.is_empty()) {
             (Some(d), true) => {
-                let n = d.len();
-                // The metadata was checked against `limit` just above:
-                // neither this nor the encoding below can fail.
-                match frame::open_request_len(path, &md, &[], n, limit) {
-                    Ok(len) => shared.try_open_with_request(n, len, |id| {
-                        frame::encode_open_request(id, path, remaining, &md, &[], d, &[], limit)
-                            .unwrap_or_default()
-                    })?,
-                    Err(_) => None,
-                }
+                let (n, len) = (d.len(), frame::open_request_len(path, md_wire, d.len()));
+                // The metadata was checked against `limit` just above: the
+                // encoding cannot fail.
+                shared.try_open_with_request(n, len, |id| {
+                    frame::encode_open_request(id, path, remaining, &md, &[], md_wire, d, &[])
+                        .unwrap_or_default()
+                })?
             }
             _ => None,
         };

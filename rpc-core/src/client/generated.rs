@@ -380,17 +380,18 @@ fn open_call(call: Prepared) -> impl std::future::Future<Output = Result<Opened,
         // Metadata over the server's limit is never sent: the call ends
         // here, with the reason (before a call is opened).
         let n = data.head.len() + data.tail.len();
-        let len = frame::open_request_len(path, &md, extra, n, limit).map_err(|e| {
+        let md_wire = frame::check_metadata_with(&md, extra, limit).map_err(|e| {
             Status::resource_exhausted(format!(
                 "request metadata not sent: {e} (the server's max_metadata_bytes)"
             ))
         })?;
+        let len = frame::open_request_len(path, md_wire, n);
         // Usually the OPEN and the whole request leave as one BATCH,
         // written at once. Neither encoding below can fail: the metadata
-        // passed `open_request_len`.
+        // was checked just above.
         let together = shared.try_open_with_request(n, len, |id| {
             let (a, b) = (&data.head[..], &data.tail[..]);
-            frame::encode_open_request(id, path, remaining, &md, extra, a, b, limit)
+            frame::encode_open_request(id, path, remaining, &md, extra, md_wire, a, b)
                 .unwrap_or_default()
         })?;
         let sent = together.is_some();

@@ -302,7 +302,7 @@ fn metadata_size_with(md: &HeaderMap, extra: &[(&str, &[u8])]) -> (usize, usize)
 
 /// [`check_metadata`] of `md` followed by the `extra` entries; returns
 /// the size the block takes on the wire.
-fn check_metadata_with(
+pub fn check_metadata_with(
     md: &HeaderMap,
     extra: &[(&str, &[u8])],
     limit: usize,
@@ -408,11 +408,23 @@ pub fn encode_open_with(
             if end_stream { FLAG_END_STREAM } else { 0 },
             stream,
         );
-        let micros = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
-        b.put_u64(micros);
-        put_string(b, path);
-        put_metadata(b, md, extra)
+        put_open_payload(b, path, timeout, md, extra)
     })
+}
+
+/// OPEN's payload (§1.3): the timeout, the method path (truncated as
+/// [`put_string`] does) and the metadata block.
+fn put_open_payload(
+    b: &mut BytesMut,
+    path: &str,
+    timeout: Option<Duration>,
+    md: &HeaderMap,
+    extra: &[(&str, &[u8])],
+) -> Result<(), MetadataError> {
+    let micros = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
+    b.put_u64(micros);
+    put_string(b, path);
+    put_metadata(b, md, extra)
 }
 
 /// Encodes HEADERS or TRAILERS, after checking the metadata against the
@@ -539,14 +551,43 @@ pub fn put_batch_part(b: &mut BytesMut, f: &[u8]) {
     b.put_slice(f);
 }
 
-/// Bytes [`encode_unary_reply`] makes for HEADERS with `md` then `extra`
-/// and a DATA payload of `data` bytes.
-pub fn unary_reply_len(md: &HeaderMap, extra: &[(&str, &[u8])], data: usize) -> usize {
-    batch_reply_len(metadata_size_with(md, extra).0, data)
+/// The length a BATCH part of a frame with `n` payload bytes carries. The
+/// callers keep the whole message within `max_batch_bytes`: it fits.
+fn part_len(n: usize) -> u32 {
+    u32::try_from(HEADER_LEN + n).unwrap_or(u32::MAX)
 }
 
-/// [`unary_reply_len`] for a metadata block of `md_wire` bytes on the wire.
-fn batch_reply_len(md_wire: usize, data: usize) -> usize {
+/// Appends to a BATCH a DATA frame carrying `a ++ b`, behind its length.
+fn put_data_part(buf: &mut BytesMut, stream: u32, end_stream: bool, a: &[u8], b: &[u8]) {
+    buf.put_u32(part_len(a.len() + b.len()));
+    let flags = if end_stream { FLAG_END_STREAM } else { 0 };
+    header(buf, kind::DATA, flags, stream);
+    buf.put_slice(a);
+    buf.put_slice(b);
+}
+
+/// Checks a unary reply's metadata against the peer's `limit` as
+/// [`encode_metadata_frame`] does, the HEADERS' (`md` then `extra`) and
+/// the TRAILERS `grpc-status: 0`; returns the HEADERS block's size on the
+/// wire, for [`unary_reply_len`] and [`encode_unary_reply`].
+pub fn check_unary_reply(
+    md: &HeaderMap,
+    extra: &[(&str, &[u8])],
+    limit: usize,
+) -> Result<usize, MetadataError> {
+    let md_wire = check_metadata_with(md, extra, limit)?;
+    if OK_TRAILERS_COUNTED > limit {
+        return Err(MetadataError::TooLarge {
+            got: OK_TRAILERS_COUNTED,
+            limit,
+        });
+    }
+    Ok(md_wire)
+}
+
+/// Bytes [`encode_unary_reply`] makes for a HEADERS metadata block of
+/// `md_wire` bytes ([`check_unary_reply`]) and a DATA payload of `data`.
+pub fn unary_reply_len(md_wire: usize, data: usize) -> usize {
     HEADER_LEN
         + (4 + HEADER_LEN + md_wire)
         + (4 + HEADER_LEN + data)
@@ -557,58 +598,34 @@ fn batch_reply_len(md_wire: usize, data: usize) -> usize {
 /// `md` then `extra`, one DATA carrying `a ++ b` (without END_STREAM: the
 /// TRAILERS end the call) and the TRAILERS `grpc-status: 0`, written
 /// straight into one message instead of three frames batched afterwards.
-/// The peer reads exactly the three frames in order (§1.7). Checks the
-/// metadata of both blocks against the peer's `limit` as
-/// [`encode_metadata_frame`] does; the caller keeps the message within
+/// The peer reads exactly the three frames in order (§1.7). `md_wire` is
+/// what [`check_unary_reply`] returned for this metadata, which is not
+/// walked again to check it; the caller keeps the message within
 /// `max_batch_bytes` ([`unary_reply_len`]).
 pub fn encode_unary_reply(
     stream: u32,
     md: &HeaderMap,
     extra: &[(&str, &[u8])],
+    md_wire: usize,
     a: &[u8],
     b: &[u8],
-    limit: usize,
 ) -> Result<Bytes, MetadataError> {
-    let mdlen = check_metadata_with(md, extra, limit)?;
-    if OK_TRAILERS_COUNTED > limit {
-        return Err(MetadataError::TooLarge {
-            got: OK_TRAILERS_COUNTED,
-            limit,
-        });
-    }
-    // Each length fits in u32: the whole is within the caller's batch size.
-    let part = |n: usize| u32::try_from(HEADER_LEN + n).unwrap_or(u32::MAX);
-    arena::build(batch_reply_len(mdlen, a.len() + b.len()), |buf| {
+    arena::build(unary_reply_len(md_wire, a.len() + b.len()), |buf| {
         header(buf, kind::BATCH, 0, 0);
-        buf.put_u32(part(mdlen));
+        buf.put_u32(part_len(md_wire));
         header(buf, kind::HEADERS, 0, stream);
         put_metadata(buf, md, extra)?;
-        buf.put_u32(part(a.len() + b.len()));
-        header(buf, kind::DATA, 0, stream);
-        buf.put_slice(a);
-        buf.put_slice(b);
-        buf.put_u32(part(OK_TRAILERS.len()));
+        put_data_part(buf, stream, false, a, b);
+        buf.put_u32(part_len(OK_TRAILERS.len()));
         header(buf, kind::TRAILERS, 0, stream);
         buf.put_slice(OK_TRAILERS);
         Ok(())
     })
 }
 
-/// Bytes [`encode_open_request`] makes for these arguments, after checking
-/// the metadata against the peer's `limit` as [`encode_open`] does.
-pub fn open_request_len(
-    path: &str,
-    md: &HeaderMap,
-    extra: &[(&str, &[u8])],
-    data: usize,
-    limit: usize,
-) -> Result<usize, MetadataError> {
-    let mdlen = check_metadata_with(md, extra, limit)?;
-    Ok(open_request_len_with(path, mdlen, data))
-}
-
-/// [`open_request_len`] for a metadata block of `md_wire` bytes on the wire.
-fn open_request_len_with(path: &str, md_wire: usize, data: usize) -> usize {
+/// Bytes [`encode_open_request`] makes for a metadata block of `md_wire`
+/// bytes ([`check_metadata_with`]) and a request of `data` bytes.
+pub fn open_request_len(path: &str, md_wire: usize, data: usize) -> usize {
     HEADER_LEN
         + (4 + HEADER_LEN + 8 + 2 + truncate_utf8(path).len() + md_wire)
         + (4 + HEADER_LEN + data)
@@ -617,8 +634,9 @@ fn open_request_len_with(path: &str, md_wire: usize, data: usize) -> usize {
 /// A call's OPEN (without END_STREAM) and its whole request, one DATA
 /// carrying `a ++ b` with END_STREAM, as one BATCH (§1.3, §1.7), written
 /// straight into one message instead of two frames batched afterwards.
-/// Checks the metadata as [`encode_open`]; the caller keeps the message
-/// within `max_batch_bytes` ([`open_request_len`]).
+/// `md_wire` is what [`check_metadata_with`] returned for `md` and
+/// `extra` against the peer's limit (not checked again here); the caller
+/// keeps the message within `max_batch_bytes` ([`open_request_len`]).
 #[allow(clippy::too_many_arguments)]
 pub fn encode_open_request(
     stream: u32,
@@ -626,27 +644,17 @@ pub fn encode_open_request(
     timeout: Option<Duration>,
     md: &HeaderMap,
     extra: &[(&str, &[u8])],
+    md_wire: usize,
     a: &[u8],
     b: &[u8],
-    limit: usize,
 ) -> Result<Bytes, MetadataError> {
-    let mdlen = check_metadata_with(md, extra, limit)?;
     let path = truncate_utf8(path);
-    // Each length fits in u32: the whole is within the caller's batch size.
-    let part = |n: usize| u32::try_from(HEADER_LEN + n).unwrap_or(u32::MAX);
-    let data = a.len() + b.len();
-    arena::build(open_request_len_with(path, mdlen, data), |buf| {
+    arena::build(open_request_len(path, md_wire, a.len() + b.len()), |buf| {
         header(buf, kind::BATCH, 0, 0);
-        buf.put_u32(part(8 + 2 + path.len() + mdlen));
+        buf.put_u32(part_len(8 + 2 + path.len() + md_wire));
         header(buf, kind::OPEN, 0, stream);
-        let micros = timeout.map_or(0, |t| t.as_micros().clamp(1, u64::MAX as u128) as u64);
-        buf.put_u64(micros);
-        put_string(buf, path);
-        put_metadata(buf, md, extra)?;
-        buf.put_u32(part(data));
-        header(buf, kind::DATA, FLAG_END_STREAM, stream);
-        buf.put_slice(a);
-        buf.put_slice(b);
+        put_open_payload(buf, path, timeout, md, extra)?;
+        put_data_part(buf, stream, true, a, b);
         Ok(())
     })
 }
@@ -923,7 +931,8 @@ mod tests {
         let mut md = HeaderMap::new();
         md.insert("x-reply", HeaderValue::from_static("yes"));
         let extra: &[(&str, &[u8])] = &[("content-type", b"application/grpc")];
-        let one = encode_unary_reply(9, &md, extra, b"\0\0\0\0\x02", b"hi", 1 << 20).unwrap();
+        let w = check_unary_reply(&md, extra, 1 << 20).unwrap();
+        let one = encode_unary_reply(9, &md, extra, w, b"\0\0\0\0\x02", b"hi").unwrap();
         let mut ok = HeaderMap::new();
         ok.insert("grpc-status", HeaderValue::from_static("0"));
         let three = encode_batch(&[
@@ -932,7 +941,7 @@ mod tests {
             encode_metadata_frame(kind::TRAILERS, 9, &ok, 1 << 20).unwrap(),
         ]);
         assert_eq!(one, three);
-        assert_eq!(one.len(), unary_reply_len(&md, extra, 7));
+        assert_eq!(one.len(), unary_reply_len(w, 7));
         let parts = match decode(one, &LIM).unwrap() {
             Frame::Batch(p) => p.collect::<Vec<_>>(),
             other => panic!("not a BATCH: {other:?}"),
@@ -941,11 +950,11 @@ mod tests {
         assert_eq!(ok_trailers_stream(&parts[2], &LIM), Some(9));
         // "x-reply" + "yes" + "content-type" + "application/grpc" = 38 bytes.
         assert!(matches!(
-            encode_unary_reply(9, &md, extra, b"", b"", 37),
+            check_unary_reply(&md, extra, 37),
             Err(MetadataError::TooLarge { got: 38, limit: 37 })
         ));
         assert!(matches!(
-            encode_unary_reply(9, &HeaderMap::new(), &[], b"", b"", 11),
+            check_unary_reply(&HeaderMap::new(), &[], 11),
             Err(MetadataError::TooLarge { got: 12, limit: 11 })
         ));
     }
@@ -959,22 +968,19 @@ mod tests {
         md.insert("x-req", HeaderValue::from_static("1"));
         let extra: &[(&str, &[u8])] = &[("user-agent", b"t")];
         let t = Some(Duration::from_millis(1500));
-        let one = encode_open_request(5, "/p.S/M", t, &md, extra, b"\0\0\0\0\x01", b"z", 99);
+        let w = check_metadata_with(&md, extra, 99).unwrap();
+        let one = encode_open_request(5, "/p.S/M", t, &md, extra, w, b"\0\0\0\0\x01", b"z");
         let two = encode_batch(&[
             encode_open_with(5, "/p.S/M", t, &md, extra, false, 99).unwrap(),
             encode_data(5, b"\0\0\0\0\x01z", true),
         ]);
         assert_eq!(one.unwrap(), two);
-        assert_eq!(
-            open_request_len("/p.S/M", &md, extra, 6, 99).unwrap(),
-            two.len()
-        );
+        assert_eq!(open_request_len("/p.S/M", w, 6), two.len());
         // "x-req" + "1" + "user-agent" + "t" = 17 bytes.
         assert!(matches!(
-            encode_open_request(5, "/p.S/M", None, &md, extra, b"", b"", 16),
+            check_metadata_with(&md, extra, 16),
             Err(MetadataError::TooLarge { got: 17, limit: 16 })
         ));
-        assert!(open_request_len("/p.S/M", &md, extra, 0, 16).is_err());
     }
 
     #[test]
@@ -1317,17 +1323,19 @@ mod tests {
             let extra: &[(&str, &[u8])] = &[("user-agent", b"p")];
             let (a, b) = payload.split_at(split.min(payload.len()));
             let t = micros.map(Duration::from_micros);
-            let one = encode_open_request(stream, &path, t, &md, extra, a, b, 1 << 16).unwrap();
+            let w = check_metadata_with(&md, extra, 1 << 16).unwrap();
+            let one = encode_open_request(stream, &path, t, &md, extra, w, a, b).unwrap();
             let two = encode_batch(&[
                 encode_open_with(stream, &path, t, &md, extra, false, 1 << 16).unwrap(),
                 encode_data(stream, &payload, true),
             ]);
             prop_assert_eq!(&one, &two);
             prop_assert_eq!(
-                open_request_len(&path, &md, extra, payload.len(), 1 << 16).unwrap(),
+                open_request_len(&path, w, payload.len()),
                 one.len()
             );
-            let reply = encode_unary_reply(stream, &md, extra, a, b, 1 << 16).unwrap();
+            let w = check_unary_reply(&md, extra, 1 << 16).unwrap();
+            let reply = encode_unary_reply(stream, &md, extra, w, a, b).unwrap();
             let mut ok = HeaderMap::new();
             ok.insert("grpc-status", HeaderValue::from_static("0"));
             let three = encode_batch(&[
@@ -1336,7 +1344,7 @@ mod tests {
                 encode_metadata_frame(kind::TRAILERS, stream, &ok, 1 << 16).unwrap(),
             ]);
             prop_assert_eq!(&reply, &three);
-            prop_assert_eq!(unary_reply_len(&md, extra, payload.len()), reply.len());
+            prop_assert_eq!(unary_reply_len(w, payload.len()), reply.len());
             prop_assert!(matches!(decode(reply, &LIM), Ok(Frame::Batch(_))));
         }
 

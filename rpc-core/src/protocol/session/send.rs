@@ -340,7 +340,7 @@ impl Shared {
     /// `max_batch_bytes`, and the connection's window and the outbox's
     /// budget have room now; `Ok(None)` otherwise, with nothing opened or
     /// taken: the caller opens the call as usual. `open` must not fail
-    /// (the caller checked the metadata: `frame::open_request_len`).
+    /// (the caller checked the metadata: `frame::check_metadata_with`).
     pub(crate) fn try_open_with_request(
         &self,
         n: usize,
@@ -418,7 +418,13 @@ impl Shared {
         if n == 0 || n > self.max_last_data || n >= GATHER_MIN_BYTES {
             return Err(msg);
         }
-        if frame::unary_reply_len(md, extra, n) > self.outbox.batch_max() {
+        // The metadata is walked once to check it and size the message,
+        // before anything is taken; over the limit, the usual way reports it.
+        let limit = self.peer.max_metadata_bytes as usize;
+        let Ok(md_wire) = frame::check_unary_reply(md, extra, limit) else {
+            return Err(msg);
+        };
+        if frame::unary_reply_len(md_wire, n) > self.outbox.batch_max() {
             return Err(msg);
         }
         let budget = match self.try_reserve_all(id, window, n) {
@@ -426,8 +432,7 @@ impl Shared {
             Ok(None) => return Err(msg),
             Err(st) => return Ok(Err(st)),
         };
-        let limit = self.peer.max_metadata_bytes as usize;
-        match frame::encode_unary_reply(id, md, extra, &msg.head, &msg.tail, limit) {
+        match frame::encode_unary_reply(id, md, extra, md_wire, &msg.head, &msg.tail) {
             Ok(batch) => {
                 if self.push_parts_then(batch, Bytes::new(), budget, true, true) {
                     Ok(Ok(()))
@@ -436,7 +441,8 @@ impl Shared {
                 }
             }
             Err(_) => {
-                // `n` fits in u32 (checked above against a frame's payload).
+                // Not after the check above; should it happen, nothing was
+                // sent. `n` fits in u32 (checked against a frame's payload).
                 self.give_back(id, window, n as u32, budget);
                 Err(msg)
             }
