@@ -75,6 +75,7 @@ impl Engine {
     /// Starts the clock-driven policy at `now` (once, when the connection is
     /// established).
     pub fn start_clock(&mut self, now: Instant, cfg: TimerConfig) {
+        self.stir();
         let t = &mut self.timers;
         t.cfg = cfg;
         t.started = true;
@@ -99,7 +100,12 @@ impl Engine {
     /// (§4.5: an application that does not read holds back the peer).
     #[inline]
     pub fn note_backlog(&mut self, queued: usize, open: bool) {
-        self.hold_returns = open && queued > self.timers.cfg.recv_queue_bytes;
+        let hold = open && queued > self.timers.cfg.recv_queue_bytes;
+        // Called every driver step: stirs only on a change.
+        if hold != self.hold_returns || self.app_gone == open {
+            self.stir();
+        }
+        self.hold_returns = hold;
         self.app_gone = !open;
     }
 
@@ -127,6 +133,7 @@ impl Engine {
     /// release. What it queues is posted by the next
     /// [`progress`](Self::progress).
     pub fn handle_timeout<B: Buffers + ?Sized>(&mut self, now: Instant, bufs: &mut B) -> Fired {
+        self.stir();
         let mut fired = Fired::default();
         if let Some((at, d)) = self.timers.kick {
             if now >= at && !self.heard {

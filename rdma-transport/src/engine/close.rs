@@ -8,6 +8,7 @@ use super::{Engine, EngineError, Event, Outgoing, PeerMisbehaved};
 impl Engine {
     /// Queues the CLOSE marker (§6); no message may be submitted after it.
     pub fn close(&mut self) {
+        self.stir();
         self.pending.push_back(Outgoing::Close);
     }
 

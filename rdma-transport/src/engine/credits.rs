@@ -22,6 +22,7 @@ impl Engine {
     /// it used what it holds. Clearing it lets the next header (or a CREDIT
     /// message from [`progress`](Self::progress)) return everything owed.
     pub fn set_hold_returns(&mut self, hold: bool) {
+        self.stir();
         self.hold_returns = hold;
     }
 

@@ -24,6 +24,7 @@ impl Engine {
     /// the staging buffers are released, the send ring shrinks to its
     /// initial size.
     pub fn on_idle_tick<B: Buffers + ?Sized>(&mut self, bufs: &mut B) {
+        self.stir();
         // §4.7: a ring that grew and received nothing for a whole interval
         // goes back to its initial size (a REVOKE, then the peer's RELEASED).
         if self.revocable()

@@ -608,6 +608,11 @@ pub struct Engine {
     /// what the peer still sends is discarded (§6).
     app_gone: bool,
     keepalive_due: bool,
+    /// The last [`progress`](Self::progress) posted nothing and left no
+    /// work waiting, and no entry point ran since (each one that can give
+    /// `progress` something to do clears it: [`stir`](Self::stir)), so the
+    /// next `progress` would post nothing either and returns at once.
+    settled: bool,
     peer_saw_close: bool,
     /// A message from the peer was received (§2.3: ends the active side's
     /// setup kicks).
@@ -710,6 +715,7 @@ impl Engine {
             hold_returns: false,
             app_gone: false,
             keepalive_due: false,
+            settled: false,
             peer_saw_close: false,
             heard: false,
             timers: clock::Timers::default(),
@@ -730,11 +736,13 @@ impl Engine {
     /// Passive side (§2.3): send nothing until the first message from the
     /// active side arrived (iWARP requires the active side to send first).
     pub fn set_wait_first_recv(&mut self) {
+        self.stir();
         self.wait_first_recv = true;
     }
 
     /// Active side (§2.3): send a CREDIT message as the first message.
     pub fn send_initial_credit(&mut self) {
+        self.stir();
         self.force_credit = true;
     }
 
@@ -792,6 +800,7 @@ impl Engine {
         c: Completion,
         bufs: &mut B,
     ) -> Result<(), EngineError> {
+        self.stir();
         let kind = c.wr_id >> 56;
         if kind == WR_RECV {
             if !c.ok {
@@ -820,6 +829,29 @@ impl Engine {
     ///
     /// [`EngineError::Resource`] with what [`Buffers`] could not register.
     pub fn progress<B: Buffers + ?Sized>(&mut self, bufs: &mut B) -> Result<(), EngineError> {
+        if self.settled {
+            // Debug builds (every test) run the passes anyway and check
+            // that skipping them loses nothing.
+            #[cfg(debug_assertions)]
+            {
+                let before = self.actions.len();
+                self.post_all(bufs)?;
+                debug_assert_eq!(
+                    self.actions.len(),
+                    before,
+                    "a settled engine found something to post: an entry point does not stir"
+                );
+            }
+            return Ok(());
+        }
+        let before = self.actions.len();
+        self.post_all(bufs)?;
+        self.settled = self.actions.len() == before && self.nothing_waiting();
+        Ok(())
+    }
+
+    /// The passes of [`progress`](Self::progress), in order.
+    fn post_all<B: Buffers + ?Sized>(&mut self, bufs: &mut B) -> Result<(), EngineError> {
         if self.wait_first_recv {
             return Ok(());
         }
@@ -833,6 +865,33 @@ impl Engine {
         self.post_keepalive();
         self.post_credit_message(bufs);
         Ok(())
+    }
+
+    /// No queue of work a pass of [`progress`](Self::progress) serves holds
+    /// anything (what waits for credits, slots, staging buffers or the
+    /// peer's region, or for a registration to be tried again).
+    fn nothing_waiting(&self) -> bool {
+        self.pending.is_empty()
+            && self.reads.is_empty()
+            && self.done_due.is_empty()
+            && self.dest_due.is_empty()
+            && !self.grant_due
+            && !self.force_credit
+            && !self.keepalive_due
+            && self.released_due.is_none()
+            && !matches!(self.revoke, Revoke::Due(_))
+            && !matches!(
+                self.local_rdv,
+                LocalRdv::GrantDue | LocalRdv::Revoking { sent: false }
+            )
+            && self.peer_rdv != PeerRdv::ReleaseDue
+    }
+
+    /// Something changed that [`progress`](Self::progress) may have work
+    /// for: it runs its passes again.
+    #[inline]
+    fn stir(&mut self) {
+        self.settled = false;
     }
 }
 

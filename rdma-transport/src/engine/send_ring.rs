@@ -49,6 +49,7 @@ impl Engine {
     /// a silently dead peer is found by the QP's retry limit. It consumes no
     /// credit and the peer's engine never sees it.
     pub fn keepalive(&mut self) {
+        self.stir();
         self.keepalive_due = true;
     }
 
@@ -63,6 +64,7 @@ impl Engine {
     /// or the staging buffers (rendezvous). The caller must already have
     /// checked the total length against the peer's `max_message`.
     pub fn submit_parts(&mut self, head: Bytes, body: Bytes) {
+        self.stir();
         self.pending_bytes += head.len() + body.len();
         self.pending.push_back(Outgoing::Msg {
             head,

@@ -3156,6 +3156,41 @@ fn the_idle_timer_counts_only_while_something_can_be_given_back() {
 }
 
 #[test]
+fn a_settled_engine_posts_what_a_later_entry_point_gives_it() {
+    // `progress` skips its passes once it found nothing to post; the
+    // backlog clearing (the driver's `note_backlog`, every step) and a
+    // message submitted must both be posted by the next one.
+    let (mut e, mut m, p) = receiver();
+    e.start_clock(std::time::Instant::now(), timers(0, 0, false));
+    let _initial_receives = e.take_actions();
+    e.note_backlog(1001, true);
+    for i in 0..p.slots {
+        inject(&mut e, &mut m, i, 0, Header::new(Kind::Credit), &[]).unwrap();
+    }
+    let sends = |e: &mut Engine| {
+        e.take_actions()
+            .iter()
+            .filter(|a| matches!(a, Action::PostSend { .. }))
+            .count()
+    };
+    for _ in 0..3 {
+        e.progress(&mut m).unwrap();
+        assert_eq!(sends(&mut e), 0, "returns held: nothing to post");
+    }
+    e.note_backlog(1001, true);
+    e.progress(&mut m).unwrap();
+    assert_eq!(sends(&mut e), 0, "still held");
+    e.note_backlog(0, true);
+    e.progress(&mut m).unwrap();
+    assert_eq!(sends(&mut e), 1, "released: the CREDIT message goes out");
+    e.progress(&mut m).unwrap();
+    assert_eq!(sends(&mut e), 0);
+    e.submit(Bytes::from_static(b"hi"));
+    e.progress(&mut m).unwrap();
+    assert_eq!(sends(&mut e), 1, "a message submitted to a settled engine");
+}
+
+#[test]
 fn credit_returns_are_held_while_the_application_is_behind() {
     let (mut e, _m, _) = receiver();
     e.start_clock(std::time::Instant::now(), timers(0, 0, false));
