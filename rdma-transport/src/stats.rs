@@ -16,6 +16,14 @@ macro_rules! stats {
         #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
         pub struct StatsSnapshot { $($(#[$m])* pub $f: u64,)* }
 
+        impl StatsSnapshot {
+            /// Every counter with its name, in declaration order (for
+            /// exporting them, or printing the ones that moved).
+            pub fn named(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($f), self.$f),)*].into_iter()
+            }
+        }
+
         impl ConnStats {
             const fn new_const() -> ConnStats { ConnStats { $($f: AtomicU64::new(0),)* } }
             /// Reads all counters.

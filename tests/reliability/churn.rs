@@ -6,7 +6,9 @@
 use crate::common::{
     bounded, echo, live_heap_bytes, pinned_kib, rdma_channel, rdma_host, rss_kib, start_server,
 };
+use rpc_examples::echo::EchoStats;
 use rpc_examples::pb::echo::EchoRequest;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// Cycles (the 10^3); `RELIABILITY_CHURN_CYCLES` overrides for a
@@ -28,10 +30,28 @@ const CACHE_FILL_MAX: i64 = 64 << 10;
 const CYCLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// One connect / call / drop cycle; returns `VmPin` (KiB) while connected.
-async fn cycle(addr: &str, i: usize) -> u64 {
+async fn cycle(addr: &str, i: usize, handlers: &EchoStats) -> u64 {
+    // What the transport did during a stuck step (both sides' counters,
+    // process-wide), for the failure's message.
+    let before = rdma_transport::global_stats();
+    let moved = || {
+        let h = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+        format!(
+            "{}; echo handlers started {}, completed {}, cancelled {}",
+            stats_moved(&before, &rdma_transport::global_stats()),
+            h(&handlers.started),
+            h(&handlers.completed),
+            h(&handlers.cancelled)
+        )
+    };
     let ch = tokio::time::timeout(CYCLE_LIMIT, rdma_channel(addr))
         .await
-        .unwrap_or_else(|_| panic!("cycle {i}: the connect did not finish within {CYCLE_LIMIT:?}"));
+        .unwrap_or_else(|_| {
+            panic!(
+                "cycle {i}: the connect did not finish within {CYCLE_LIMIT:?}; {}",
+                moved()
+            )
+        });
     let mut client = echo(&ch);
     let call = client.unary_echo(EchoRequest {
         message: i.to_string(),
@@ -39,10 +59,26 @@ async fn cycle(addr: &str, i: usize) -> u64 {
     });
     let r = tokio::time::timeout(CYCLE_LIMIT, call)
         .await
-        .unwrap_or_else(|_| panic!("cycle {i}: the call did not finish within {CYCLE_LIMIT:?}"))
+        .unwrap_or_else(|_| {
+            panic!(
+                "cycle {i}: the call did not finish within {CYCLE_LIMIT:?}; {}",
+                moved()
+            )
+        })
         .unwrap_or_else(|e| panic!("call in cycle {i}: {e:?}"));
     assert_eq!(r.into_inner().message, i.to_string());
     pinned_kib()
+}
+
+/// The transport's process-wide counters that moved from `a` to `b`.
+fn stats_moved(a: &rdma_transport::StatsSnapshot, b: &rdma_transport::StatsSnapshot) -> String {
+    let moved: Vec<String> = a
+        .named()
+        .zip(b.named())
+        .filter(|((_, x), (_, y))| x != y)
+        .map(|((k, x), (_, y))| format!("{k} +{}", y.wrapping_sub(x)))
+        .collect();
+    format!("transport counters during the cycle: {}", moved.join(", "))
 }
 
 /// Waits until every connection's driver released its registered memory.
@@ -64,10 +100,10 @@ struct Figures {
 }
 
 /// Warm-up, then `cycles` cycles against the server at `addr`, measured.
-async fn churn(addr: &str, cycles: usize) -> Figures {
+async fn churn(addr: &str, cycles: usize, handlers: &EchoStats) -> Figures {
     let idle_pin = pinned_kib();
     for i in 0..WARMUP {
-        cycle(addr, i).await;
+        cycle(addr, i, handlers).await;
     }
     assert!(
         settle(idle_pin).await,
@@ -82,7 +118,7 @@ async fn churn(addr: &str, cycles: usize) -> Figures {
     let mut peak_pin = pin0;
     // Peak = the highest VmPin seen while a cycle's connection was up.
     for i in 0..cycles {
-        peak_pin = peak_pin.max(cycle(addr, i).await);
+        peak_pin = peak_pin.max(cycle(addr, i, handlers).await);
         if (i + 1) % (cycles / 8).max(1) == 0 {
             rss.push(rss_kib());
         }
@@ -139,9 +175,9 @@ async fn connect_disconnect_churn() {
     // At least 1 cycle/s (the VM does 3.4-6), and never less than 240 s.
     let limit = Duration::from_secs((cycles as u64).max(240));
     bounded("connect_disconnect_churn", limit, async {
-        let (server, _stats) = start_server(&ip, 0).await;
+        let (server, handlers) = start_server(&ip, 0).await;
         let addr = server.rdma_addr().unwrap().to_string();
-        let f = churn(&addr, cycles).await;
+        let f = churn(&addr, cycles, &handlers).await;
         assert_eq!(
             f.conns,
             2 * f.cycles as u64,
@@ -189,7 +225,7 @@ async fn connect_disconnect_churn() {
             "VmRSS still growing in the second half: {:?}",
             f.rss
         );
-        cycle(&addr, usize::MAX).await;
+        cycle(&addr, usize::MAX, &handlers).await;
         assert!(settle(f.pin.0).await, "last connection torn down");
         let heap = live_heap_bytes();
         server.shutdown().await.unwrap();
