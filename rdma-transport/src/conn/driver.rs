@@ -350,7 +350,9 @@ impl Driver {
             self.woke_receiver = true;
             return;
         }
-        drop(g);
+        // Queued under the same lock: a handler installed meanwhile
+        // (`deliver_inline`, which drains the queue under it first) would
+        // otherwise never see this item, left in a queue nobody reads.
         if let Item::Msg(b) = &item {
             self.shared
                 .queued
@@ -361,6 +363,7 @@ impl Driver {
         } else {
             self.woke_receiver = true;
         }
+        drop(g);
     }
 
     /// Runs `f` on the engine (`None` once the connection was torn down).
