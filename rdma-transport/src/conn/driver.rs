@@ -388,29 +388,17 @@ impl Driver {
         let mut idle_since: Option<Instant> = None;
         // The driver slept since `idle_since` (Adaptive's wake-up cost).
         let mut slept = false;
-        // The last thing this task did was a step: no await and no change
-        // of the driver's own since.
-        let mut stepped = false;
         loop {
             let mut did = self.take_cmds();
             if self.poll_cq(false)? > 0 {
                 did = true;
             }
-            // Right after a step, a turn that found no command and no
-            // completion has nothing to step for: what another task does
-            // meanwhile that needs a step (a failed post, a message left
-            // queued, the application catching up) stores a permit
-            // (`kick`, `drained`) that ends the sleep below at once.
-            if did || !stepped {
-                self.step()?;
-            }
-            stepped = true;
+            self.step()?;
             if self.finished() {
                 return Ok(());
             }
             if self.recv_open && self.deliver_tx.is_closed() {
                 self.recv_open = false;
-                stepped = false;
                 continue;
             }
             if did {
@@ -419,7 +407,6 @@ impl Driver {
                 spins += 1;
                 if spins.is_multiple_of(64) {
                     tokio::task::yield_now().await;
-                    stepped = false;
                 }
                 continue;
             }
@@ -436,7 +423,6 @@ impl Driver {
             // reschedule.
             if !budget.is_zero() && std::mem::take(&mut self.woke_receiver) {
                 tokio::task::yield_now().await;
-                stepped = false;
                 continue;
             }
             self.woke_receiver = false;
@@ -588,8 +574,6 @@ impl Driver {
                     // PollMode::Spin: nothing else is ready; poll the CQ again.
                 }
             }
-            // Woken (or a timer fired): the next turn steps.
-            stepped = false;
         }
     }
 
