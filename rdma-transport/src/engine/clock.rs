@@ -100,13 +100,13 @@ impl Engine {
     /// (§4.5: an application that does not read holds back the peer).
     #[inline]
     pub fn note_backlog(&mut self, queued: usize, open: bool) {
-        let hold = open && queued > self.timers.cfg.recv_queue_bytes;
+        let (hold, gone) = (open && queued > self.timers.cfg.recv_queue_bytes, !open);
         // Called every driver step: stirs only on a change.
-        if hold != self.hold_returns || self.app_gone == open {
+        if (hold, gone) != (self.hold_returns, self.app_gone) {
             self.stir();
         }
         self.hold_returns = hold;
-        self.app_gone = !open;
+        self.app_gone = gone;
     }
 
     /// The next instant at which [`handle_timeout`](Self::handle_timeout)

@@ -299,34 +299,45 @@ impl Shared {
             Some(Err(st)) => return Err(st),
             None => return Ok(None),
         }
+        let taken = self.try_reserve_shared(n);
+        if !matches!(taken, Ok(Some(_))) {
+            let _ = window.grant(id, n32);
+        }
+        taken
+    }
+
+    /// The part of [`try_reserve_all`](Self::try_reserve_all) every call
+    /// shares: `n` bytes of the connection's window and the outbox's budget,
+    /// both or neither; `Ok(Some(budget))` as there.
+    fn try_reserve_shared(&self, n: usize) -> Result<Option<u32>, Status> {
         match self.conn_window.try_reserve_exact(n) {
             Some(Ok(())) => {}
             Some(Err(st)) => return Err(st),
-            None => {
-                let _ = window.grant(id, n32);
-                return Ok(None);
-            }
+            None => return Ok(None),
         }
         let budget = n.min(OUT_QUEUE_BYTES) as u32;
-        match self.try_budget(budget) {
-            Ok(true) => Ok(Some(budget)),
-            Ok(false) => {
-                self.give_back(id, window, n32, 0);
-                Ok(None)
-            }
-            Err(st) => Err(st),
+        let taken = self.try_budget(budget);
+        if !matches!(taken, Ok(true)) {
+            self.give_back_shared(u32::try_from(n).unwrap_or(u32::MAX), 0);
         }
+        taken.map(|t| t.then_some(budget))
     }
 
     /// Gives back what [`try_reserve_all`](Self::try_reserve_all) took for
     /// `n` bytes that were not sent after all (`budget`: its outbox budget,
     /// 0 if that was not taken).
     fn give_back(&self, id: u32, window: &SendWindow, n: u32, budget: u32) {
+        self.give_back_shared(n, budget);
+        let _ = window.grant(id, n);
+    }
+
+    /// Gives back what [`try_reserve_shared`](Self::try_reserve_shared)
+    /// took (`budget` 0: the outbox's was not taken).
+    fn give_back_shared(&self, n: u32, budget: u32) {
         if budget > 0 {
             self.out_budget.add_permits(budget as usize);
         }
         let _ = self.conn_window.grant(0, n);
-        let _ = window.grant(id, n);
     }
 
     /// Client: [`open_stream`](Shared::open_stream) for a call whose whole
@@ -357,32 +368,15 @@ impl Shared {
         }
         // `n` is below GATHER_MIN_BYTES: fits in u32.
         let n32 = n as u32;
-        match self.conn_window.try_reserve_exact(n) {
-            Some(Ok(())) => {}
-            Some(Err(st)) => return Err(st),
-            None => return Ok(None),
-        }
-        let give_back = || {
-            let _ = self.conn_window.grant(0, n32);
+        let Some(budget) = self.try_reserve_shared(n)? else {
+            return Ok(None);
         };
-        match self.try_budget(n32) {
-            Ok(true) => {}
-            Ok(false) => {
-                give_back();
-                return Ok(None);
-            }
-            Err(st) => {
-                give_back();
-                return Err(st);
-            }
-        }
         let mut s = lock(&self.state);
         let (id, rx, window) = match self.open_locked(&mut s) {
             Ok(opened) => opened,
             Err(st) => {
                 drop(s);
-                self.out_budget.add_permits(n);
-                give_back();
+                self.give_back_shared(n32, budget);
                 return Err(st);
             }
         };
@@ -391,7 +385,7 @@ impl Shared {
         let took = window.try_reserve_exact(n);
         debug_assert!(matches!(took, Some(Ok(()))), "{took:?}");
         // Under the lock, as every OPEN (ids in order); sent after it.
-        let _ = self.push_parts_then(open(id), Bytes::new(), n32, false, false);
+        let _ = self.push_parts_then(open(id), Bytes::new(), budget, false, false);
         drop(s);
         self.flush_queued();
         Ok(Some((id, rx, window)))
