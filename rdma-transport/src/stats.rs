@@ -118,95 +118,37 @@ stats! {
 pub(crate) static GLOBAL: ConnStats = ConnStats::new_const();
 
 impl ConnStats {
+    /// Adds what the engine counted since `last` to this connection's
+    /// counters and the process-wide ones (two relaxed adds per counter
+    /// that moved, nothing for the others).
     pub(crate) fn add_delta(&self, now: &EngineCounters, last: &EngineCounters) {
-        let pairs = [
-            (
-                &self.msgs_sent,
-                &GLOBAL.msgs_sent,
-                now.msgs_sent - last.msgs_sent,
-            ),
-            (
-                &self.msgs_recv,
-                &GLOBAL.msgs_recv,
-                now.msgs_recv - last.msgs_recv,
-            ),
-            (
-                &self.bytes_sent,
-                &GLOBAL.bytes_sent,
-                now.bytes_sent - last.bytes_sent,
-            ),
-            (
-                &self.bytes_recv,
-                &GLOBAL.bytes_recv,
-                now.bytes_recv - last.bytes_recv,
-            ),
-            (
-                &self.eager_sends,
-                &GLOBAL.eager_sends,
-                now.eager_sends - last.eager_sends,
-            ),
-            (
-                &self.inline_sends,
-                &GLOBAL.inline_sends,
-                now.inline_sends - last.inline_sends,
-            ),
-            (
-                &self.rendezvous_writes,
-                &GLOBAL.rendezvous_writes,
-                now.rdv_writes - last.rdv_writes,
-            ),
-            (
-                &self.rendezvous_bytes,
-                &GLOBAL.rendezvous_bytes,
-                now.rdv_bytes - last.rdv_bytes,
-            ),
-            (
-                &self.rendezvous_zero_copy_bytes,
-                &GLOBAL.rendezvous_zero_copy_bytes,
-                now.zero_copy_bytes - last.zero_copy_bytes,
-            ),
-            (
-                &self.reads_announced,
-                &GLOBAL.reads_announced,
-                now.read_announced - last.read_announced,
-            ),
-            (
-                &self.read_bytes,
-                &GLOBAL.read_bytes,
-                now.read_bytes - last.read_bytes,
-            ),
-            (
-                &self.reads_staged,
-                &GLOBAL.reads_staged,
-                now.reads_staged - last.reads_staged,
-            ),
-            (
-                &self.dest_bytes,
-                &GLOBAL.dest_bytes,
-                now.dest_bytes - last.dest_bytes,
-            ),
-            (
-                &self.credit_msgs,
-                &GLOBAL.credit_msgs,
-                now.credit_msgs - last.credit_msgs,
-            ),
-            (
-                &self.credit_grants,
-                &GLOBAL.credit_grants,
-                now.credit_grants - last.credit_grants,
-            ),
-            (
-                &self.credit_revokes,
-                &GLOBAL.credit_revokes,
-                now.credit_revokes - last.credit_revokes,
-            ),
-        ];
-        for (c, g, d) in pairs {
-            if d != 0 {
-                c.fetch_add(d, Relaxed);
-                g.fetch_add(d, Relaxed);
-            }
+        macro_rules! add {
+            ($($stat:ident = $counted:ident),* $(,)?) => {$(
+                let d = now.$counted - last.$counted;
+                if d != 0 {
+                    self.$stat.fetch_add(d, Relaxed);
+                    GLOBAL.$stat.fetch_add(d, Relaxed);
+                }
+            )*};
         }
+        add!(
+            msgs_sent = msgs_sent,
+            msgs_recv = msgs_recv,
+            bytes_sent = bytes_sent,
+            bytes_recv = bytes_recv,
+            eager_sends = eager_sends,
+            inline_sends = inline_sends,
+            rendezvous_writes = rdv_writes,
+            rendezvous_bytes = rdv_bytes,
+            rendezvous_zero_copy_bytes = zero_copy_bytes,
+            reads_announced = read_announced,
+            read_bytes = read_bytes,
+            reads_staged = reads_staged,
+            dest_bytes = dest_bytes,
+            credit_msgs = credit_msgs,
+            credit_grants = credit_grants,
+            credit_revokes = credit_revokes,
+        );
     }
 
     pub(crate) fn bump(&self, f: impl Fn(&ConnStats) -> &AtomicU64, n: u64) {

@@ -65,6 +65,7 @@ pub(super) fn spawn_driver(
         mem: res.mem,
         actions: Vec::with_capacity(64),
         failed: None,
+        room_wanted: false,
     };
     let shared = Arc::new(Shared::new(
         cfg.recv_queue_bytes,
@@ -307,8 +308,13 @@ impl Driver {
             self.last = now;
         }
         let confirmed = core.engine.close_confirmed();
-        // Back-pressure released: wake the senders waiting for room.
-        let room = core.engine.pending_msgs() < self.shared.send_limit;
+        // Back-pressure released: wake the senders waiting for room (a
+        // sender that found the queue full said so under this lock, after
+        // registering its wait).
+        let room = core.room_wanted && core.engine.pending_msgs() < self.shared.send_limit;
+        if room {
+            core.room_wanted = false;
+        }
         drop(g);
         // Delivered without the core lock: an inline handler may send.
         for e in events.drain(..) {

@@ -100,6 +100,8 @@ impl SendHalf {
                     }
                     return r.map(|_| ());
                 }
+                // Full: the driver signals `room` once it has some.
+                core.room_wanted = true;
             }
             room.await;
         }

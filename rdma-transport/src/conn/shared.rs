@@ -45,6 +45,10 @@ pub(super) struct Core {
     pub(super) actions: Vec<Action>,
     /// A post from a `SendHalf` failed: the driver ends the connection with it.
     pub(super) failed: Option<Error>,
+    /// A `SendHalf` found the engine's queue full and waits on
+    /// [`Shared::room`]: the driver's next step with room wakes it (and
+    /// only then signals `room`: most steps have nobody to wake).
+    pub(super) room_wanted: bool,
 }
 
 impl Core {
@@ -96,7 +100,8 @@ pub(super) struct Shared {
     /// (`Config::send_queue_messages`).
     pub(super) send_limit: usize,
     /// Signalled by the driver when the engine's queue dropped below
-    /// `send_limit` (back-pressure released).
+    /// `send_limit` (back-pressure released) while a sender waits for it
+    /// ([`Core::room_wanted`]).
     pub(super) room: Notify,
     /// Wakes the driver: a post from a `SendHalf` failed.
     pub(super) kick: Notify,

@@ -181,7 +181,8 @@ pub(crate) struct Shared {
     /// Client: one permit per call the peer accepts at once.
     pub(crate) call_permits: Arc<Semaphore>,
     state: Mutex<State>,
-    /// Signalled when the session closes or the stream map empties.
+    /// Signalled when the session closes or, while it drains, its last call
+    /// leaves (`Streams::drained`): what `drain` waits for.
     changed: Notify,
     shutdown: Notify,
     shut: AtomicBool,
@@ -680,7 +681,7 @@ impl Shared {
         if let Some(e) = s.streams.remove(id, Removal::Finished) {
             e.window.finish();
         }
-        if s.streams.is_empty() {
+        if s.streams.drained() {
             drop(s);
             self.changed.notify_waiters();
         }
@@ -691,7 +692,7 @@ impl Shared {
         let entry = {
             let mut s = lock(&self.state);
             let e = s.streams.remove(id, Removal::Reset);
-            if s.streams.is_empty() {
+            if s.streams.drained() {
                 self.changed.notify_waiters();
             }
             e
@@ -847,7 +848,7 @@ impl Shared {
                 let entry = {
                     let mut s = lock(&self.state);
                     let e = s.streams.remove(stream, Removal::PeerReset);
-                    if s.streams.is_empty() {
+                    if s.streams.drained() {
                         self.changed.notify_waiters();
                     }
                     e
@@ -898,7 +899,7 @@ impl Shared {
         } else {
             s.streams.get(stream).map(|e| (e.inbound.clone(), None))
         };
-        let empty = s.streams.is_empty();
+        let drained = s.streams.drained();
         drop(s);
         if let Some((inbound, window)) = target {
             let _ = inbound.send(msg);
@@ -906,7 +907,7 @@ impl Shared {
                 w.finish();
             }
         }
-        if empty {
+        if drained {
             self.changed.notify_waiters();
         }
     }

@@ -84,7 +84,7 @@ where
         generated: bool,
     ) -> CallFuture {
         // A compressed request is decoded by tonic's codec.
-        if generated && !call.metadata.contains_key(GRPC_ENCODING) {
+        if generated && !has_name(&call.metadata, &GRPC_ENCODING) {
             if let Some(index) = method_name(&call.path).and_then(|m| self.methods.method(m)) {
                 return self
                     .methods
@@ -97,6 +97,14 @@ where
 }
 
 const GRPC_ENCODING: http::HeaderName = http::HeaderName::from_static("grpc-encoding");
+
+/// Whether `map` has an entry named `name`, by a look at each entry's name
+/// rather than a hash of `name`: a call's request carries a handful of
+/// entries (bounded by the metadata limit), and hashing a name `http` does
+/// not know costs more than comparing it with each of them.
+fn has_name(map: &http::HeaderMap, name: &http::HeaderName) -> bool {
+    map.keys().any(|k| k == name)
+}
 
 /// `Method` of `/package.Service/Method`.
 fn method_name(path: &[u8]) -> Option<&[u8]> {
@@ -208,6 +216,19 @@ mod tests {
                 .insert("x-served-by", http::HeaderValue::from_static(self.0));
             std::future::ready(Ok(r))
         }
+    }
+
+    #[test]
+    fn a_request_names_its_encoding_whatever_else_it_carries() {
+        let mut md = http::HeaderMap::new();
+        assert!(!has_name(&md, &GRPC_ENCODING));
+        md.insert("user-agent", http::HeaderValue::from_static("t"));
+        md.insert("grpc-encodings", http::HeaderValue::from_static("gzip"));
+        md.insert("x-grpc-encoding", http::HeaderValue::from_static("gzip"));
+        assert!(!has_name(&md, &GRPC_ENCODING));
+        md.append("grpc-encoding", http::HeaderValue::from_static("gzip"));
+        assert!(has_name(&md, &GRPC_ENCODING));
+        assert!(has_name(&md, &http::header::USER_AGENT));
     }
 
     #[tokio::test]

@@ -291,6 +291,14 @@ impl<T> Streams<T> {
         self.draining
     }
 
+    /// True when this side drains and its last call left: what a graceful
+    /// shutdown waits for. Only then is the session's change worth a
+    /// wake-up (a table that empties at every call of a connection serving
+    /// one at a time wakes nobody).
+    pub fn drained(&self) -> bool {
+        self.draining && self.map.is_empty()
+    }
+
     /// Calls that entered the table so far.
     pub fn opened(&self) -> u64 {
         self.opened
@@ -548,6 +556,20 @@ mod tests {
         let mut ids: Vec<u32> = s.ids().collect();
         ids.sort();
         assert_eq!(ids, vec![3, 7]);
+        // Drained once the last call left, and only while draining.
+        s.remove(3, Removal::Finished);
+        assert!(!s.drained());
+        s.remove(7, Removal::PeerReset);
+        assert!(s.is_empty() && s.drained());
+    }
+
+    #[test]
+    fn a_table_that_empties_without_draining_is_not_drained() {
+        let mut s = server(2);
+        assert!(s.is_empty() && !s.drained());
+        accept(&mut s, 1).unwrap();
+        s.remove(1, Removal::Finished);
+        assert!(s.is_empty() && !s.drained());
     }
 
     #[test]
