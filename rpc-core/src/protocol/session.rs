@@ -824,12 +824,7 @@ impl Shared {
                 let mut s = lock(&self.state);
                 match s.streams.recv_data(stream, data.len(), end_stream)? {
                     Data::Deliver(e) => {
-                        if !data.is_empty() {
-                            let _ = e.inbound.send(Inbound::Data(data));
-                        }
-                        if end_stream {
-                            let _ = e.inbound.send(Inbound::End);
-                        }
+                        e.inbound.send_data(data, end_stream);
                     }
                     // DATA for a finished call is dropped (§1.3); its credit returns.
                     Data::Dropped(grant) => {
@@ -892,20 +887,20 @@ impl Shared {
 
     fn deliver(&self, stream: u32, msg: Inbound, last: bool) {
         let mut s = lock(&self.state);
-        let target = if last {
-            s.streams
-                .remove(stream, Removal::PeerFinished)
-                .map(|e| (e.inbound, Some(e.window)))
-        } else {
-            s.streams.get(stream).map(|e| (e.inbound.clone(), None))
-        };
+        if !last {
+            // Queued under the table's lock, as DATA is: the queue's own
+            // lock is taken once, and no sender is cloned for it.
+            if let Some(e) = s.streams.get(stream) {
+                let _ = e.inbound.send(msg);
+            }
+            return;
+        }
+        let target = s.streams.remove(stream, Removal::PeerFinished);
         let drained = s.streams.drained();
         drop(s);
-        if let Some((inbound, window)) = target {
-            let _ = inbound.send(msg);
-            if let Some(w) = window {
-                w.finish();
-            }
+        if let Some(e) = target {
+            let _ = e.inbound.send(msg);
+            e.window.finish();
         }
         if drained {
             self.changed.notify_waiters();

@@ -9,6 +9,7 @@
 
 use super::Inbound;
 use crate::protocol::window::SendWindow;
+use bytes::Bytes;
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -42,6 +43,7 @@ struct Items {
 const INLINE: usize = 4;
 
 impl Items {
+    #[inline]
     fn push_back(&mut self, m: Inbound) {
         if self.len < INLINE && self.overflow.is_empty() {
             self.ring[(self.head + self.len) % INLINE] = Some(m);
@@ -198,6 +200,30 @@ impl InboundTx {
     }
 }
 
+impl InboundTx {
+    /// Queues a DATA frame's bytes (when there are any) and, when it ends
+    /// its stream, the end: under one lock, with one wake-up. False when
+    /// the receiver is gone (nothing is queued then).
+    pub(crate) fn send_data(&self, data: Bytes, end: bool) -> bool {
+        let mut s = self.0.lock();
+        if !s.rx_alive {
+            return false;
+        }
+        if !data.is_empty() {
+            s.items.push_back(Inbound::Data(data));
+        }
+        if end {
+            s.items.push_back(Inbound::End);
+        }
+        let w = s.waker.take();
+        drop(s);
+        if let Some(w) = w {
+            w.wake();
+        }
+        true
+    }
+}
+
 impl Clone for InboundTx {
     fn clone(&self) -> Self {
         self.0.lock().senders += 1;
@@ -271,7 +297,6 @@ impl std::fmt::Debug for InboundRx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
 
     fn data(b: &'static [u8]) -> Inbound {
         Inbound::Data(Bytes::from_static(b))
@@ -357,6 +382,20 @@ mod tests {
         drop(tx_c);
         assert!(rx_c.try_recv().is_none());
         drop((tx_b, rx_b, w_b, rx_c, w_c));
+    }
+
+    #[test]
+    fn several_items_queue_in_order_at_once() {
+        let (tx, mut rx, _window) = channel(0);
+        tx.send(data(b"a")).unwrap();
+        assert!(tx.send_data(Bytes::from_static(b"b"), true));
+        assert!(tx.send_data(Bytes::new(), false), "nothing to queue");
+        assert!(matches!(rx.try_recv(), Some(Inbound::Data(b)) if &b[..] == b"a"));
+        assert!(matches!(rx.try_recv(), Some(Inbound::Data(b)) if &b[..] == b"b"));
+        assert!(matches!(rx.try_recv(), Some(Inbound::End)));
+        assert!(rx.try_recv().is_none());
+        drop(rx);
+        assert!(!tx.send_data(Bytes::new(), true), "the receiver is gone");
     }
 
     #[test]
