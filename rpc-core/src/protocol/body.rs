@@ -123,12 +123,7 @@ impl Drop for RecvBody {
     fn drop(&mut self) {
         // Data that was never consumed leaves the connection's buffers now:
         // return its connection-level credit (§1.4).
-        let mut n = self.pending.take().map_or(0, |b| b.len());
-        while let Some(m) = self.rx.try_recv() {
-            if let Inbound::Data(b) = m {
-                n += b.len();
-            }
-        }
+        let n = self.pending.take().map_or(0, |b| b.len()) + self.rx.close();
         self.shared.conn_consumed(n);
     }
 }

@@ -123,7 +123,10 @@ pub(crate) fn channel(initial_window: u32) -> (InboundTx, InboundRx, CallWindow)
     };
     (
         InboundTx(Handle(Some(q.clone()))),
-        InboundRx(Handle(Some(q.clone()))),
+        InboundRx {
+            queue: Handle(Some(q.clone())),
+            closed: false,
+        },
         CallWindow(Handle(Some(q))),
     )
 }
@@ -250,12 +253,16 @@ impl std::fmt::Debug for InboundTx {
 }
 
 /// The call's end of its queue.
-pub(crate) struct InboundRx(Handle);
+pub(crate) struct InboundRx {
+    queue: Handle,
+    /// [`close`](Self::close) ran: dropping it has nothing left to do.
+    closed: bool,
+}
 
 impl InboundRx {
     /// The next item; `None` once every sender is gone and the queue is empty.
     pub(crate) fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Inbound>> {
-        let mut s = self.0.lock();
+        let mut s = self.queue.lock();
         if let Some(m) = s.items.pop_front() {
             return Poll::Ready(Some(m));
         }
@@ -275,16 +282,37 @@ impl InboundRx {
     }
 
     /// The next item if one is queued.
+    #[cfg(test)]
     pub(crate) fn try_recv(&mut self) -> Option<Inbound> {
-        self.0.lock().items.pop_front()
+        self.queue.lock().items.pop_front()
+    }
+
+    /// Ends this side of the queue under one lock: later sends fail, and
+    /// what is queued is dropped. Returns the bytes of DATA dropped (their
+    /// connection credit is the caller's to give back); a send cannot slip
+    /// in between the drain and the end.
+    pub(crate) fn close(&mut self) -> usize {
+        let mut s = self.queue.lock();
+        s.rx_alive = false;
+        s.waker = None;
+        let mut n = 0;
+        while let Some(m) = s.items.pop_front() {
+            if let Inbound::Data(b) = m {
+                n += b.len();
+            }
+        }
+        self.closed = true;
+        n
     }
 }
 
 impl Drop for InboundRx {
     fn drop(&mut self) {
-        let mut s = self.0.lock();
-        s.rx_alive = false;
-        s.waker = None;
+        if !self.closed {
+            let mut s = self.queue.lock();
+            s.rx_alive = false;
+            s.waker = None;
+        }
     }
 }
 
@@ -396,6 +424,19 @@ mod tests {
         assert!(rx.try_recv().is_none());
         drop(rx);
         assert!(!tx.send_data(Bytes::new(), true), "the receiver is gone");
+    }
+
+    #[test]
+    fn closing_counts_the_data_left_and_refuses_later_sends() {
+        let (tx, mut rx, _window) = channel(0);
+        tx.send(data(b"abc")).unwrap();
+        tx.send(Inbound::End).unwrap();
+        tx.send(data(b"de")).unwrap();
+        assert_eq!(rx.close(), 5);
+        assert!(rx.try_recv().is_none(), "closing drops what was queued");
+        assert!(matches!(tx.send(data(b"f")), Err(Inbound::Data(_))));
+        assert!(!tx.send_data(Bytes::from_static(b"g"), true));
+        assert_eq!(rx.close(), 0);
     }
 
     #[test]
