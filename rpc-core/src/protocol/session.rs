@@ -824,7 +824,11 @@ impl Shared {
                 let mut s = lock(&self.state);
                 match s.streams.recv_data(stream, data.len(), end_stream)? {
                     Data::Deliver(e) => {
-                        e.inbound.send_data(data, end_stream);
+                        let woken = e.inbound.queue_data(data, end_stream);
+                        drop(s);
+                        if let Some(w) = woken {
+                            w.wake();
+                        }
                     }
                     // DATA for a finished call is dropped (§1.3); its credit returns.
                     Data::Dropped(grant) => {
@@ -888,10 +892,12 @@ impl Shared {
     fn deliver(&self, stream: u32, msg: Inbound, last: bool) {
         let mut s = lock(&self.state);
         if !last {
-            // Queued under the table's lock, as DATA is: the queue's own
-            // lock is taken once, and no sender is cloned for it.
-            if let Some(e) = s.streams.get(stream) {
-                let _ = e.inbound.send(msg);
+            // Queued under the table's lock, as DATA is (no sender cloned
+            // for it); the call is woken after.
+            let woken = s.streams.get(stream).and_then(|e| e.inbound.queue(msg));
+            drop(s);
+            if let Some(w) = woken {
+                w.wake();
             }
             return;
         }

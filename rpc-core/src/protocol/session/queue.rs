@@ -205,25 +205,47 @@ impl InboundTx {
 
 impl InboundTx {
     /// Queues a DATA frame's bytes (when there are any) and, when it ends
-    /// its stream, the end: under one lock, with one wake-up. False when
-    /// the receiver is gone (nothing is queued then).
-    pub(crate) fn send_data(&self, data: Bytes, end: bool) -> bool {
+    /// its stream, the end, under one lock; `None` when the receiver is
+    /// gone (nothing is queued then). The receiver is woken by the
+    /// [`Wake`] returned, which the caller runs once it let go of its own
+    /// locks (the stream table's: a woken call may want it at once).
+    pub(crate) fn queue_data(&self, data: Bytes, end: bool) -> Option<Wake> {
+        self.queue_with(|items| {
+            if !data.is_empty() {
+                items.push_back(Inbound::Data(data));
+            }
+            if end {
+                items.push_back(Inbound::End);
+            }
+        })
+    }
+
+    /// Queues `m` as [`queue_data`](Self::queue_data) does; `None` when the
+    /// receiver is gone.
+    pub(crate) fn queue(&self, m: Inbound) -> Option<Wake> {
+        self.queue_with(|items| items.push_back(m))
+    }
+
+    fn queue_with(&self, push: impl FnOnce(&mut Items)) -> Option<Wake> {
         let mut s = self.0.lock();
         if !s.rx_alive {
-            return false;
+            return None;
         }
-        if !data.is_empty() {
-            s.items.push_back(Inbound::Data(data));
-        }
-        if end {
-            s.items.push_back(Inbound::End);
-        }
-        let w = s.waker.take();
-        drop(s);
-        if let Some(w) = w {
+        push(&mut s.items);
+        Some(Wake(s.waker.take()))
+    }
+}
+
+/// The receiver to wake after a [`InboundTx::queue`], if it was waiting.
+#[must_use = "the receiver waits until it is woken"]
+pub(crate) struct Wake(Option<Waker>);
+
+impl Wake {
+    /// Wakes the receiver, if it was waiting.
+    pub(crate) fn wake(self) {
+        if let Some(w) = self.0 {
             w.wake();
         }
-        true
     }
 }
 
@@ -416,14 +438,19 @@ mod tests {
     fn several_items_queue_in_order_at_once() {
         let (tx, mut rx, _window) = channel(0);
         tx.send(data(b"a")).unwrap();
-        assert!(tx.send_data(Bytes::from_static(b"b"), true));
-        assert!(tx.send_data(Bytes::new(), false), "nothing to queue");
+        tx.queue_data(Bytes::from_static(b"b"), true)
+            .unwrap()
+            .wake();
+        tx.queue_data(Bytes::new(), false).unwrap().wake();
         assert!(matches!(rx.try_recv(), Some(Inbound::Data(b)) if &b[..] == b"a"));
         assert!(matches!(rx.try_recv(), Some(Inbound::Data(b)) if &b[..] == b"b"));
         assert!(matches!(rx.try_recv(), Some(Inbound::End)));
         assert!(rx.try_recv().is_none());
         drop(rx);
-        assert!(!tx.send_data(Bytes::new(), true), "the receiver is gone");
+        assert!(
+            tx.queue_data(Bytes::new(), true).is_none(),
+            "the receiver is gone"
+        );
     }
 
     #[test]
@@ -435,7 +462,7 @@ mod tests {
         assert_eq!(rx.close(), 5);
         assert!(rx.try_recv().is_none(), "closing drops what was queued");
         assert!(matches!(tx.send(data(b"f")), Err(Inbound::Data(_))));
-        assert!(!tx.send_data(Bytes::from_static(b"g"), true));
+        assert!(tx.queue_data(Bytes::from_static(b"g"), true).is_none());
         assert_eq!(rx.close(), 0);
     }
 
