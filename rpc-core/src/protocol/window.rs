@@ -17,6 +17,10 @@ use tonic::Status;
 struct State {
     credit: SendCredit,
     closed: Closed,
+    /// A task waits on `notify` (it said so under this lock, after
+    /// registering its wait): a grant or the close signals only then, and
+    /// the window of a call nobody waits on costs no wake-up.
+    waiting: bool,
 }
 
 /// Why a window no longer takes reservations.
@@ -52,6 +56,7 @@ impl SendWindow {
             state: Mutex::new(State {
                 credit: SendCredit::new(initial),
                 closed: Closed::Open,
+                waiting: false,
             }),
             notify: Notify::new(),
         }
@@ -104,6 +109,7 @@ impl SendWindow {
                 if n > 0 {
                     return Ok(n);
                 }
+                s.waiting = true;
             }
             notified.await;
         }
@@ -115,8 +121,11 @@ impl SendWindow {
     pub(crate) fn grant(&self, stream: u32, inc: u32) -> Result<(), PeerMisbehaved> {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.credit.grant(stream, inc)?;
+        let wake = std::mem::take(&mut s.waiting);
         drop(s);
-        self.notify.notify_waiters();
+        if wake {
+            self.notify.notify_waiters();
+        }
         Ok(())
     }
 
@@ -136,11 +145,15 @@ impl SendWindow {
         if matches!(s.closed, Closed::Open) {
             s.closed = closed;
         }
+        let wake = std::mem::take(&mut s.waiting);
         drop(s);
-        self.notify.notify_waiters();
+        if wake {
+            self.notify.notify_waiters();
+        }
     }
 
     /// The status the window was closed with, if any.
+    #[cfg(test)]
     pub(crate) fn closed(&self) -> Option<Status> {
         self.state
             .lock()
@@ -153,8 +166,12 @@ impl SendWindow {
     pub(crate) async fn wait_closed(&self) -> Status {
         loop {
             let notified = self.notify.notified();
-            if let Some(s) = self.closed() {
-                return s;
+            {
+                let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(st) = s.closed.status() {
+                    return st;
+                }
+                s.waiting = true;
             }
             notified.await;
         }
@@ -177,6 +194,28 @@ mod tests {
         assert!(!t.is_finished());
         w.grant(1, 3).unwrap();
         assert_eq!(t.await.unwrap().unwrap(), 3);
+    }
+
+    #[tokio::test]
+    async fn each_waiter_is_woken_by_what_it_waits_for() {
+        let w = Arc::new(SendWindow::new(0));
+        let (w1, w2, w3) = (w.clone(), w.clone(), w.clone());
+        let reserving = tokio::spawn(async move { w1.reserve(5).await });
+        let closing = tokio::spawn(async move { w2.wait_closed().await });
+        tokio::task::yield_now().await;
+        // A grant wakes every waiter; the one waiting for the close finds
+        // the window open and registers again, as does a later reserve.
+        w.grant(1, 3).unwrap();
+        assert_eq!(reserving.await.unwrap().unwrap(), 3);
+        let again = tokio::spawn(async move { w3.reserve(1).await });
+        tokio::task::yield_now().await;
+        assert!(!again.is_finished() && !closing.is_finished());
+        w.grant(1, 1).unwrap();
+        assert_eq!(again.await.unwrap().unwrap(), 1);
+        tokio::task::yield_now().await;
+        assert!(!closing.is_finished(), "a grant does not close the window");
+        w.close(Status::cancelled("gone"));
+        assert_eq!(closing.await.unwrap().message(), "gone");
     }
 
     #[test]
