@@ -201,9 +201,7 @@ impl InboundTx {
         }
         Ok(())
     }
-}
 
-impl InboundTx {
     /// Queues a DATA frame's bytes (when there are any) and, when it ends
     /// its stream, the end, under one lock; `None` when the receiver is
     /// gone (nothing is queued then). The receiver is woken by the
